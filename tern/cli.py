@@ -1,0 +1,88 @@
+"""`tern` command line: one subcommand per concern, each living in its own module.
+
+A subcommand module provides
+    cli_configure(parser)      add its arguments (and nested subcommands)
+    cli_run(args) -> dict      do the work; progress and logs go to stderr
+    cli_render(result) -> str  optional human-readable form of the result
+    JSON_FIELDS: str           optional description of the result's fields (shown in --help)
+With ``--json`` the result is printed to stdout as exactly one JSON object. Modules are
+imported only when their subcommand runs, so ``tern --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+# name -> (module, one-line help). Keep in pipeline order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "presets": ("tern.cli_presets", "list model presets with their parameter and byte counts"),
+    "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
+}
+
+
+def _build_parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tern",
+        description="tern: predict, train, run and measure CPU-first ternary / MoE / SSM "
+                    "language models. Every subcommand that reports figures takes --json.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"tern {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name, (modname, help_) in COMMANDS.items():
+        if name != selected:
+            sub.add_parser(name, help=help_, add_help=False)
+            continue
+        mod = importlib.import_module(modname)
+        fields = getattr(mod, "JSON_FIELDS", "")
+        p = sub.add_parser(
+            name, help=help_, description=help_,
+            epilog=("--json output fields:\n" + fields) if fields else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--json", action="store_true",
+                       help="print exactly one JSON object on stdout (logs go to stderr)")
+        mod.cli_configure(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def render_default(result: Any) -> str:
+    return json.dumps(result, indent=2, sort_keys=True, default=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    parser = _build_parser(selected if selected in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    mod = args._module
+    try:
+        result = mod.cli_run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tern {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tern {args.command}: interrupted", file=sys.stderr)
+        return 130
+    if result is None:
+        return 0
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(result, sort_keys=True, default=str) + "\n")
+    else:
+        render = getattr(mod, "cli_render", render_default)
+        print(render(result))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""HostProfile: what the probe measured about a machine, as versioned JSON.
+
+The probe (``tern.probe``) fills it; the roofline (``tern.roofline``) reads it. Bandwidth
+is a curve of GB/s against working-set bytes per (kernel, threads); the roofline reads
+it through :meth:`HostProfile.bandwidth_at`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .records import atomic_write_json
+
+FORMAT = "tern.host_profile"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    level: int  # 1, 2, 3, ...
+    type: str  # "Data", "Instruction", "Unified"
+    size_bytes: int  # one instance
+    instances: int  # distinct instances in the machine (distinct shared_cpu_list)
+    shared_by: int  # logical CPUs sharing one instance
+
+    @property
+    def total_bytes(self) -> int:
+        return self.size_bytes * self.instances
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    kernel: str  # "read", "copy", "triad"
+    threads: int
+    working_set_bytes: int
+    gbps_best: float  # GB/s = 1e9 bytes/s, STREAM counting (no write-allocate)
+    gbps_median: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class KernelThroughput:
+    kernel: str  # e.g. "fp32_matvec", "int8_matvec", "ternary_lut"
+    threads: int
+    rows: int
+    cols: int
+    gops_best: float  # 1e9 multiply-adds... counted as 2 ops each (mul + add)
+    gops_median: float
+    gbps_median: float  # weight bytes streamed per second
+    repeats: int
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    label: str  # "measured on <host>" or "reference: ... (published figures, not measured)"
+    measured: bool
+    host: dict[str, Any]  # cpu model, flags, cores, threads, ram, os, versions, date
+    caches: tuple[CacheLevel, ...]
+    cache_source: str  # "/sys", "py-cpuinfo", "sysctl", "default"...
+    bandwidth: tuple[BandwidthPoint, ...]
+    kernels: tuple[KernelThroughput, ...] = ()
+    calibration: dict[str, float] = field(default_factory=dict)  # e.g. per-token overhead s
+
+    # ---- queries ----------------------------------------------------------------------
+    def cache(self, level: int) -> CacheLevel | None:
+        """Data/unified cache of ``level`` (None when unknown)."""
+        for c in self.caches:
+            if c.level == level and c.type in ("Data", "Unified"):
+                return c
+        return None
+
+    @property
+    def llc_bytes(self) -> int:
+        """Total last-level cache bytes (all instances)."""
+        levels = [c for c in self.caches if c.type in ("Data", "Unified")]
+        if not levels:
+            return 0
+        top = max(c.level for c in levels)
+        return sum(c.total_bytes for c in levels if c.level == top)
+
+    def thread_counts(self, kernel: str = "read") -> list[int]:
+        return sorted({p.threads for p in self.bandwidth if p.kernel == kernel})
+
+    def curve(self, threads: int, kernel: str = "read") -> list[BandwidthPoint]:
+        pts = sorted((p for p in self.bandwidth if p.kernel == kernel and p.threads == threads),
+                     key=lambda p: p.working_set_bytes)
+        if not pts:
+            raise ValueError(
+                f"profile {self.label!r} has no {kernel!r} bandwidth curve for {threads} "
+                f"thread(s); available: {self.thread_counts(kernel)}")
+        return pts
+
+    def bandwidth_at(self, working_set_bytes: float, threads: int = 1, kernel: str = "read",
+                     stat: str = "median") -> float:
+        """GB/s at a working set, interpolated linearly in log2(bytes) on the measured
+        curve (clamped at its ends). ``threads`` falls back to the nearest measured count."""
+        avail = self.thread_counts(kernel)
+        if not avail:
+            raise ValueError(f"profile {self.label!r} has no {kernel!r} bandwidth curve")
+        t = min(avail, key=lambda a: (abs(a - threads), -a))
+        pts = self.curve(t, kernel)
+        xs = [math.log2(p.working_set_bytes) for p in pts]
+        ys = [p.gbps_median if stat == "median" else p.gbps_best for p in pts]
+        x = math.log2(max(working_set_bytes, 1.0))
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        for i in range(1, len(xs)):
+            if x <= xs[i]:
+                f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + f * (ys[i] - ys[i - 1])
+        return ys[-1]
+
+    def kernel_gops(self, kernel: str, threads: int = 1) -> float | None:
+        rows = [k for k in self.kernels if k.kernel == kernel]
+        if not rows:
+            return None
+        best = min(rows, key=lambda k: (abs(k.threads - threads), -k.threads))
+        return best.gops_median
+
+    # ---- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d = {"format": FORMAT, "version": VERSION, **d}
+        return d
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostProfile:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a tern host profile (format field is "
+                             f"{d.get('format') if isinstance(d, dict) else None!r}, expected {FORMAT!r})")
+        if d.get("version") != VERSION:
+            raise ValueError(f"host profile version {d.get('version')!r} is not supported "
+                             f"(this tern reads version {VERSION}); re-run `tern probe`")
+        try:
+            prof = cls(
+                label=str(d["label"]), measured=bool(d["measured"]), host=dict(d["host"]),
+                caches=tuple(CacheLevel(**c) for c in d["caches"]),
+                cache_source=str(d["cache_source"]),
+                bandwidth=tuple(BandwidthPoint(**p) for p in d["bandwidth"]),
+                kernels=tuple(KernelThroughput(**k) for k in d.get("kernels", ())),
+                calibration=dict(d.get("calibration", {})),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"host profile is malformed: {e}") from None
+        for p in prof.bandwidth:
+            if not (p.working_set_bytes > 0 and p.gbps_median > 0 and math.isfinite(p.gbps_median)):
+                raise ValueError(f"host profile has an invalid bandwidth point: {p}")
+        return prof
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HostProfile:
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"host profile {path} does not exist; run `tern probe` first") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"host profile {path} is not valid JSON: {e}") from None
+        return cls.from_dict(d)
