@@ -1,0 +1,26 @@
+"""tern.notebook: environment detection and the results folder."""
+
+from pathlib import Path
+
+from tern.notebook import INSTALL_CELL, detect_env, repo_root, results_dir
+
+
+def test_detect_env():
+    env = detect_env()
+    assert env.threads >= 1 and env.gpus >= 0
+    assert "CPU thread" in str(env)
+
+
+def test_results_dir(tmp_path):
+    p = results_dir(tmp_path / "r")
+    assert p.is_dir()
+    rel = results_dir("results/_test_tmp")
+    assert rel.is_absolute() and rel.is_dir()
+    root = repo_root()
+    assert root is None or rel.is_relative_to(root)
+    rel.rmdir()
+
+
+def test_install_cell_compiles():
+    compile(INSTALL_CELL, "<cell>", "exec")
+    assert "pip" in INSTALL_CELL and Path
