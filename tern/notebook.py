@@ -88,3 +88,24 @@ def results_dir(results: str | os.PathLike = "results") -> Path:
         p = (repo_root() or Path.cwd()) / p
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def save_headline(out: str | os.PathLike, notebook: str, figures: dict) -> Path:
+    """Record a notebook's headline figures (name -> value with units in the key, e.g.
+    ``{"dram_read_1t_gbps": 38.2}``) as ``OUT/headlines/<notebook>.json``; ``tern report``
+    puts them on its index page. Values must be JSON-serialisable."""
+    import json
+
+    from .records import atomic_write_text
+
+    p = Path(out) / "headlines" / f"{notebook}.json"
+    atomic_write_text(p, json.dumps(figures, indent=1, sort_keys=True, default=float) + "\n")
+    return p
+
+
+def load_headlines(out: str | os.PathLike) -> dict[str, dict]:
+    """All headline files under ``OUT/headlines`` keyed by notebook name."""
+    import json
+
+    d = Path(out) / "headlines"
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(d.glob("*.json"))}

@@ -24,3 +24,12 @@ def test_results_dir(tmp_path):
 def test_install_cell_compiles():
     compile(INSTALL_CELL, "<cell>", "exec")
     assert "pip" in INSTALL_CELL and Path
+
+
+def test_headlines_round_trip(tmp_path):
+    from tern.notebook import load_headlines, save_headline
+
+    save_headline(tmp_path, "01_probe_host", {"dram_read_1t_gbps": 38.5})
+    save_headline(tmp_path, "02_roofline", {"sandbox_tok_per_s": 1234})
+    assert load_headlines(tmp_path) == {"01_probe_host": {"dram_read_1t_gbps": 38.5},
+                                        "02_roofline": {"sandbox_tok_per_s": 1234}}
