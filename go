@@ -24,8 +24,12 @@ setup() {
       "$VENV/bin/python" -m pip install -q "torch>=2.1" >&2
     else
       echo "[go] no GPU: installing the CPU build of torch" >&2
-      "$VENV/bin/python" -m pip install -q "torch==2.13.0" \
-        --index-url https://download.pytorch.org/whl/cpu >&2
+      if "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('https://download.pytorch.org/whl/cpu/', timeout=5)" 2>/dev/null; then
+        "$VENV/bin/python" -m pip install -q "torch==2.13.0" \
+          --index-url https://download.pytorch.org/whl/cpu >&2
+      else  # PyTorch's index unreachable: the configured index / local wheels (CPU build here)
+        "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
+      fi
     fi
   fi
   echo "[go] installing tern and its dependencies" >&2
