@@ -1,0 +1,1 @@
+"""numba decode engine: kernels, packing, decode loop."""

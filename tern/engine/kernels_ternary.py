@@ -1,0 +1,187 @@
+"""Ternary matvec kernels over the ternary2 layout (see tern.engine.packing).
+
+Orientation: ``packed`` is (rows, ternary2_row_bytes(cols)) uint8 holding W (rows = output
+units, cols = inputs), ``row_scale`` (rows,) float32, ``xq`` (cols,) int8 and ``x_scale``
+float32 from tern.engine.quant.quantize_act; ``out`` (rows,) float32 receives
+
+    out[r] = row_scale[r] * x_scale * sum_c Wt[r, c] * xq[c]
+
+with the integer sum exact (int32). All kernels here are ``@njit(cache=True)`` and assume
+validated inputs; :func:`ternary_matvec_checked` is the validating Python wrapper.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+SEG_COLS = 256
+SEG_BYTES = 64
+ROW_BLOCK = 16  # rows per parallel work item
+
+
+@numba.njit(cache=True)
+def pad_act(xq, row_bytes):
+    """``xq`` zero-extended to 4 * row_bytes int8 slots (so tail-segment padding reads 0)."""
+    qp = np.zeros(4 * row_bytes, dtype=np.int8)
+    qp[: xq.shape[0]] = xq
+    return qp
+
+
+@numba.njit(cache=True)
+def act_sum(xq):
+    s = np.int32(0)
+    for i in range(xq.shape[0]):
+        s += np.int32(xq[i])
+    return s
+
+
+@numba.njit(cache=True, inline="always")
+def _seg_dot_codes(packed, r, b0, g, qp, q0):
+    """sum over one segment of code * q (code = w + 1 in {0, 1, 2}), int32."""
+    acc = np.int32(0)
+    for j in range(g):
+        p = np.int32(packed[r, b0 + j])
+        acc += (p & 3) * np.int32(qp[q0 + j])
+        acc += ((p >> 2) & 3) * np.int32(qp[q0 + g + j])
+        acc += ((p >> 4) & 3) * np.int32(qp[q0 + 2 * g + j])
+        acc += ((p >> 6) & 3) * np.int32(qp[q0 + 3 * g + j])
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
+def _row_dot_unpack(packed, r, qp, nfull, gtail):
+    acc = np.int32(0)
+    for b in range(nfull):
+        acc += _seg_dot_codes(packed, r, b * SEG_BYTES, SEG_BYTES, qp, b * SEG_COLS)
+    if gtail > 0:
+        acc += _seg_dot_codes(packed, r, nfull * SEG_BYTES, gtail, qp, nfull * SEG_COLS)
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_unpack(packed, row_scale, qp, qsum, x_scale, out, r0, r1):
+    nfull = packed.shape[1] // SEG_BYTES
+    gtail = packed.shape[1] - nfull * SEG_BYTES
+    for r in range(r0, r1):
+        acc = _row_dot_unpack(packed, r, qp, nfull, gtail) - qsum
+        out[r] = row_scale[r] * x_scale * np.float32(acc)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_unpack(packed, row_scale, xq, x_scale, out):
+    """Variant 1: unpack 2-bit codes with shifts/masks, int8 x code dot, minus sum(xq)."""
+    _rows_unpack(packed, row_scale, pad_act(xq, packed.shape[1]), act_sum(xq), x_scale, out,
+                 0, packed.shape[0])
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
+    """Variant 1, blocks of rows split over numba threads."""
+    qp = pad_act(xq, packed.shape[1])
+    qsum = act_sum(xq)
+    rows = packed.shape[0]
+    nblk = (rows + ROW_BLOCK - 1) // ROW_BLOCK
+    for i in prange(nblk):
+        _rows_unpack(packed, row_scale, qp, qsum, x_scale, out, i * ROW_BLOCK,
+                     min(rows, (i + 1) * ROW_BLOCK))
+
+
+@numba.njit(cache=True)
+def ternary_matvec(packed, row_scale, xq, x_scale, out):
+    """Default single-thread ternary matvec (dispatches to the fastest variant)."""
+    ternary_matvec_unpack(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
+    """Default multi-thread ternary matvec (threads: numba.set_num_threads by the caller)."""
+    ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out)
+
+
+# ---- activation skip (transposed orientation) -----------------------------------------------
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
+    """Matvec that touches only the weights of nonzero inputs.
+
+    Orientation: ``packed_t`` is W.T packed with pack_ternary2, i.e. (cols, row_bytes(rows))
+    — one packed row per INPUT unit c holding W[:, c]; ``row_scale`` (rows,) is the
+    per-output-row scale of the original W; ``xq`` (cols,), ``out`` (rows,).
+    Computes out[d] = row_scale[d] * x_scale * sum_{c: xq[c] != 0} xq[c] * W[d, c].
+    """
+    cols, rb = packed_t.shape
+    rows = out.shape[0]
+    acc = np.zeros(4 * rb, dtype=np.int32)  # slot order of the ternary2 layout
+    nfull = rb // SEG_BYTES
+    gtail = rb - nfull * SEG_BYTES
+    for c in range(cols):
+        qc = np.int32(xq[c])
+        if qc == 0:
+            continue
+        for b in range(nfull + (1 if gtail > 0 else 0)):
+            g = SEG_BYTES if b < nfull else gtail
+            b0 = b * SEG_BYTES
+            a0 = b * SEG_COLS
+            for j in range(g):
+                p = np.int32(packed_t[c, b0 + j])
+                acc[a0 + j] += ((p & 3) - 1) * qc
+                acc[a0 + g + j] += (((p >> 2) & 3) - 1) * qc
+                acc[a0 + 2 * g + j] += (((p >> 4) & 3) - 1) * qc
+                acc[a0 + 3 * g + j] += (((p >> 6) & 3) - 1) * qc
+    for d in range(rows):
+        out[d] = row_scale[d] * x_scale * np.float32(acc[d])
+
+
+# ---- validation and reference ---------------------------------------------------------------
+
+
+def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = False) -> None:
+    """ValueError naming the problem unless the arguments fit a ternary2 matvec.
+
+    ``transposed``: ``packed`` is W.T (the skip kernel's orientation)."""
+    from .packing import ternary2_row_bytes
+
+    def arr(a, name, dtype, ndim):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
+            raise ValueError(f"{name} must be a {ndim}-D {np.dtype(dtype).name} array, got "
+                             f"{getattr(a, 'dtype', type(a))} with shape {getattr(a, 'shape', None)}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+
+    arr(packed, "packed", np.uint8, 2)
+    arr(row_scale, "row_scale", np.float32, 1)
+    arr(xq, "xq", np.int8, 1)
+    arr(out, "out", np.float32, 1)
+    if packed.shape[0] < 1 or xq.shape[0] < 1:
+        raise ValueError(f"empty matvec: packed {packed.shape}, xq {xq.shape}")
+    if transposed:
+        rows, cols = out.shape[0], packed.shape[0]
+        if xq.shape[0] != cols:
+            raise ValueError(f"xq has {xq.shape[0]} entries; packed_t has {cols} rows (one per input)")
+        if rows < 1 or packed.shape[1] != ternary2_row_bytes(rows):
+            raise ValueError(f"packed_t rows hold {packed.shape[1]} bytes; {rows} outputs need "
+                             f"{ternary2_row_bytes(max(rows, 1))}")
+    else:
+        rows, cols = packed.shape[0], xq.shape[0]
+        if packed.shape[1] != ternary2_row_bytes(cols):
+            raise ValueError(f"packed rows hold {packed.shape[1]} bytes; {cols} inputs need "
+                             f"{ternary2_row_bytes(cols)}")
+        if out.shape[0] != rows:
+            raise ValueError(f"out has {out.shape[0]} entries; packed has {rows} rows")
+    if row_scale.shape[0] != rows:
+        raise ValueError(f"row_scale has {row_scale.shape[0]} entries; expected {rows}")
+    if not np.all(np.isfinite(row_scale)):
+        raise ValueError("row_scale has non-finite values")
+    if not np.isfinite(x_scale):
+        raise ValueError(f"x_scale must be finite, got {x_scale!r}")
+    if xq.min() < -127:
+        raise ValueError("xq holds -128; quantize_act produces values in [-127, 127]")
+
+
+def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale) -> np.ndarray:
+    """numpy reference: exact int64 sums of ``wt`` (rows, cols) int8 times ``xq``, then the 2 scales."""
+    acc = wt.astype(np.int64) @ xq.astype(np.int64)  # (rows,)
+    return row_scale * np.float32(x_scale) * acc.astype(np.float32)

@@ -1,0 +1,78 @@
+"""Activation quantization of BitLinear (docs/MODEL.md "BitLinear"), in numba.
+
+``quantize_act`` is the per-token absmax int8 quantizer that precedes every ternary
+matvec. It is ``@njit`` so the engine's fused per-token loop calls it inside numba;
+:func:`quantize_act_checked` is the validating Python wrapper.
+
+Arithmetic (float32 like the torch model, written in torch's operation order):
+
+    ms    = mean(x**2)  accumulated in float64, rounded to float32
+    u     = x / sqrt(ms + eps)                        # float32, (n,)
+    a     = max(|u|) clamped to >= 1e-5
+    q     = clamp(rint(u * 127 / a), -127, 127)       # round half to even, int8
+    x_scale = a / 127                                 # so y = row_scale * x_scale * sum(Wt * q)
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+DEFAULT_EPS = 1e-5
+A_MIN = 1e-5  # absmax clamp of docs/MODEL.md
+Q_MAX = 127
+
+
+@numba.njit(cache=True)
+def quantize_act(x, xq_out, eps=DEFAULT_EPS):
+    """Quantize ``x`` (n,) float32 into ``xq_out`` (n,) int8; return the float32 scale.
+
+    Assumes validated inputs (same length, n >= 1); see :func:`quantize_act_checked`.
+    """
+    n = x.shape[0]
+    ss = 0.0  # float64 accumulator of x**2
+    for i in range(n):
+        v = np.float64(x[i])
+        ss += v * v
+    ms = np.float32(ss / n)
+    rms = np.float32(np.sqrt(np.float32(ms + np.float32(eps))))
+    a = np.float32(0.0)
+    for i in range(n):
+        u = np.float32(x[i] / rms)
+        au = abs(u)
+        if au > a:
+            a = au
+    if a < np.float32(A_MIN):
+        a = np.float32(A_MIN)
+    for i in range(n):
+        u = np.float32(x[i] / rms)
+        t = np.rint(np.float32(np.float32(u * np.float32(127.0)) / a))
+        if t > 127.0:
+            t = 127.0
+        elif t < -127.0:
+            t = -127.0
+        xq_out[i] = np.int8(t)
+    return np.float32(a / np.float32(127.0))
+
+
+def quantize_act_checked(x: np.ndarray, xq_out: np.ndarray | None = None,
+                         eps: float = DEFAULT_EPS) -> tuple[np.ndarray, np.float32]:
+    """Validating wrapper: returns ``(xq int8 (n,), x_scale float32)``."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
+        raise ValueError(f"quantize_act: x must be a 1-D float32 array, got "
+                         f"{getattr(x, 'dtype', type(x))} shape {getattr(x, 'shape', None)}")
+    if x.shape[0] == 0:
+        raise ValueError("quantize_act: x is empty")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("quantize_act: x has non-finite values")
+    if not (eps > 0 and np.isfinite(eps)):
+        raise ValueError(f"quantize_act: eps must be a positive finite number, got {eps!r}")
+    if xq_out is None:
+        xq_out = np.empty(x.shape[0], dtype=np.int8)
+    elif (not isinstance(xq_out, np.ndarray) or xq_out.dtype != np.int8
+          or xq_out.shape != x.shape):
+        raise ValueError(f"quantize_act: xq_out must be int8 of shape {x.shape}, got "
+                         f"{getattr(xq_out, 'dtype', type(xq_out))} {getattr(xq_out, 'shape', None)}")
+    x = np.ascontiguousarray(x)
+    scale = quantize_act(x, xq_out, float(eps))
+    return xq_out, np.float32(scale)

@@ -1,0 +1,157 @@
+"""Ternary matvec kernels and activation quantization against numpy references."""
+
+import numba
+import numpy as np
+import pytest
+
+from tern.engine import kernels_ternary as K
+from tern.engine import packing as P
+from tern.engine.quant import quantize_act, quantize_act_checked
+
+SHAPES = [(1, 1), (1, 300), (3, 5), (7, 64), (5, 255), (4, 256), (9, 257), (33, 700), (17, 1100), (64, 4096)]
+
+
+def _problem(rows, cols, seed, p_zero_act=0.0):
+    rng = np.random.default_rng(seed)
+    wt = rng.integers(-1, 2, size=(rows, cols)).astype(np.int8)  # (rows, cols)
+    xq = rng.integers(-127, 128, size=cols).astype(np.int8)  # (cols,)
+    xq[rng.random(cols) < p_zero_act] = 0
+    rs = (rng.random(rows) + 0.5).astype(np.float32)  # (rows,)
+    return wt, rs, xq, np.float32(0.0123)
+
+
+def _ref_quantize(x, eps=1e-5):
+    """docs/MODEL.md BitLinear activation quantizer in numpy float32."""
+    ms = np.float32((x.astype(np.float64) ** 2).mean())
+    u = x / np.sqrt(ms + np.float32(eps))  # (n,)
+    a = max(np.abs(u).max(), np.float32(1e-5))
+    q = np.clip(np.rint(u * np.float32(127.0) / a), -127, 127).astype(np.int8)
+    return q, np.float32(a / np.float32(127.0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 1000])
+def test_quantize_act_matches_numpy(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    q, s = quantize_act_checked(x)
+    q_ref, s_ref = _ref_quantize(x)
+    np.testing.assert_array_equal(q, q_ref)
+    assert s == s_ref
+    assert np.abs(q).max() == 127
+
+
+def test_quantize_act_rounds_half_to_even():
+    # eps chosen so that mean(x^2) + eps = 65536: rms = 256 and u*127/a = x/2 exactly.
+    x = np.array([254, 1, 3, 5, -3], dtype=np.float32)
+    q, s = quantize_act_checked(x, eps=65536.0 - 64560.0 / 5)
+    assert q.tolist() == [127, 0, 2, 2, -2]
+    assert s == np.float32(np.float32(254 / 256) / np.float32(127))
+    np.testing.assert_array_equal(q, _ref_quantize(x, eps=65536.0 - 64560.0 / 5)[0])
+
+
+def test_quantize_act_zero_input_and_njit_call():
+    q, s = quantize_act_checked(np.zeros(5, dtype=np.float32))
+    assert not q.any() and s == np.float32(np.float32(1e-5) / np.float32(127))
+    out = np.empty(3, dtype=np.int8)
+    s2 = quantize_act(np.array([1, -2, 0.5], dtype=np.float32), out)  # njit, default eps
+    np.testing.assert_array_equal(out, _ref_quantize(np.array([1, -2, 0.5], dtype=np.float32))[0])
+    assert s2 == _ref_quantize(np.array([1, -2, 0.5], dtype=np.float32))[1]
+
+
+def test_quantize_act_rejects_bad_input():
+    with pytest.raises(ValueError):
+        quantize_act_checked(np.zeros(3, dtype=np.float64))
+    with pytest.raises(ValueError, match="empty"):
+        quantize_act_checked(np.zeros(0, dtype=np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        quantize_act_checked(np.array([1.0, np.inf], dtype=np.float32))
+    with pytest.raises(ValueError, match="xq_out"):
+        quantize_act_checked(np.zeros(3, dtype=np.float32), np.zeros(4, dtype=np.int8))
+
+
+DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kernel", DENSE_KERNELS, ids=lambda f: f.__name__)
+def test_dense_kernels_exact(kernel, shape):
+    wt, rs, xq, xs = _problem(*shape, seed=sum(shape))
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    out = np.full(shape[0], np.nan, dtype=np.float32)
+    kernel(P.pack_ternary2(wt), rs, xq, xs, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_extreme_sums_exact():
+    # all +1 weights against all +127 (and all -1 against -127): the largest sums.
+    cols = 1000
+    wt = np.ones((2, cols), dtype=np.int8)
+    wt[1] = -1
+    xq = np.full(cols, 127, dtype=np.int8)
+    rs = np.ones(2, dtype=np.float32)
+    out = np.empty(2, dtype=np.float32)
+    K.ternary_matvec(P.pack_ternary2(wt), rs, xq, np.float32(1), out)
+    assert out.tolist() == [127.0 * cols, -127.0 * cols]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (300, 7), (257, 40), (1000, 96)])
+def test_skip_kernel_equals_dense(shape):
+    rows, cols = shape
+    wt, rs, xq, xs = _problem(rows, cols, seed=rows + cols, p_zero_act=0.7)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))  # (cols, row_bytes(rows))
+    out = np.empty(rows, dtype=np.float32)
+    K.ternary_matvec_skip(packed_t, rs, xq, xs, out)
+    dense = np.empty(rows, dtype=np.float32)
+    K.ternary_matvec(P.pack_ternary2(wt), rs, xq, xs, dense)
+    np.testing.assert_allclose(out, dense, rtol=1e-6)
+    np.testing.assert_allclose(out, K.reference_matvec(wt, rs, xq, xs), rtol=1e-6)
+
+
+def test_skip_kernel_ignores_weights_of_zero_inputs():
+    wt, rs, xq, xs = _problem(70, 50, seed=5, p_zero_act=0.5)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+    garbage = packed_t.copy()
+    garbage[xq == 0] = 0xFF  # invalid codes where the input is zero: never read
+    a, b = np.empty(70, np.float32), np.empty(70, np.float32)
+    K.ternary_matvec_skip(packed_t, rs, xq, xs, a)
+    K.ternary_matvec_skip(garbage, rs, xq, xs, b)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_threads_1_vs_2_identical():
+    wt, rs, xq, xs = _problem(333, 1500, seed=9)
+    packed = P.pack_ternary2(wt)
+    outs = []
+    old = numba.get_num_threads()
+    try:
+        for t in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(t)
+            o = np.empty(333, dtype=np.float32)
+            K.ternary_matvec_par(packed, rs, xq, xs, o)
+            outs.append(o)
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_checked_wrapper_rejects_bad_args():
+    wt, rs, xq, xs = _problem(4, 10, seed=1)
+    packed = P.pack_ternary2(wt)
+    out = np.empty(4, dtype=np.float32)
+    K.check_matvec_args(packed, rs, xq, xs, out)  # fine
+    with pytest.raises(ValueError, match="bytes"):
+        K.check_matvec_args(packed, rs, np.zeros(20, np.int8), xs, out)
+    with pytest.raises(ValueError, match="out"):
+        K.check_matvec_args(packed, rs, xq, xs, np.empty(5, np.float32))
+    with pytest.raises(ValueError, match="row_scale"):
+        K.check_matvec_args(packed, rs[:3].copy(), xq, xs, out)
+    with pytest.raises(ValueError, match="xq"):
+        K.check_matvec_args(packed, rs, xq.astype(np.int16), xs, out)
+    with pytest.raises(ValueError, match="-128"):
+        K.check_matvec_args(packed, rs, np.full(10, -128, np.int8), xs, out)
+    with pytest.raises(ValueError, match="finite"):
+        K.check_matvec_args(packed, np.full(4, np.nan, np.float32), xq, xs, out)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+    K.check_matvec_args(packed_t, rs, xq, xs, out, transposed=True)
+    with pytest.raises(ValueError, match="packed_t"):
+        K.check_matvec_args(packed, rs, xq, xs, out, transposed=True)
