@@ -22,7 +22,7 @@ ACTIVATIONS = ("drelu", "relu2", "silu")
 # Groups of tensors; each has its own configurable weight format where it is a matrix.
 GROUPS = ("embed", "head", "norm", "mixer", "mixer_aux", "mlp", "shared", "router", "experts")
 POOLS = ("table", "resident", "streamed")
-FP32_ONLY_GROUPS = ("norm", "mixer_aux", "router")
+FP32_ONLY_GROUPS = ("norm", "mixer_aux")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class ModelConfig:
     expert_format: str = "ternary2"
     embed_format: str = "fp32"
     head_format: str = "fp32"
+    router_format: str = "fp32"  # fp32 | fp16 | bf16 | int8 (stored; routing math is fp32)
     tie_embeddings: bool = True
     # bookkeeping
     max_seq_len: int = 256  # training context length (decode context is unbounded)
@@ -108,11 +109,15 @@ class ModelConfig:
                     errors.append(f"top_k must be in 1..n_experts={self.n_experts}, got {self.top_k}")
                 if self.n_shared and self.shared_hidden < 1:
                     errors.append("n_shared > 0 needs shared_hidden >= 1")
-            for n in ("mixer_format", "mlp_format", "expert_format", "embed_format", "head_format"):
+            for n in ("mixer_format", "mlp_format", "expert_format", "embed_format", "head_format",
+                      "router_format"):
                 try:
                     get_format(getattr(self, n))
                 except ValueError as e:
                     errors.append(f"{n}: {e}")
+            for n in ("embed_format", "head_format", "router_format"):
+                if getattr(self, n) not in ("fp32", "fp16", "bf16", "int8"):
+                    errors.append(f"{n} must be fp32, fp16, bf16 or int8, got {getattr(self, n)!r}")
             if self.tie_embeddings and self.head_format != self.embed_format:
                 errors.append("tie_embeddings needs head_format == embed_format")
             if not (isinstance(self.norm_eps, float) and 0 < self.norm_eps < 1):
@@ -198,7 +203,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
 
     def add(name: str, shape: tuple[int, ...], group: str, layer: int, pool: str = "resident") -> None:
         fmt = {"mixer": cfg.mixer_format, "mlp": cfg.mlp_format, "shared": cfg.mlp_format,
-               "experts": cfg.expert_format}.get(group, "fp32")
+               "experts": cfg.expert_format, "router": cfg.router_format}.get(group, "fp32")
         specs.append(TensorSpec(name, shape, group, pool, fmt, layer))
 
     for i in range(cfg.n_layers):
@@ -354,16 +359,16 @@ M30 = _preset(ModelConfig(
 # Shape-only models for the roofline and engine sweeps: equal active params, 2x total.
 M105 = _preset(ModelConfig(
     name="105m", vocab_size=1024, d_model=384, n_layers=8, attn_layers=(4,), n_heads=6,
-    d_state=16, mlp_hidden=0, moe_layers=tuple(range(8)), n_experts=80, top_k=4,
-    expert_hidden=128, n_shared=1, shared_hidden=256,
+    d_state=16, mlp_hidden=0, moe_layers=tuple(range(8)), n_experts=40, top_k=2,
+    expert_hidden=256, n_shared=1, shared_hidden=256, router_format="int8",
 ))
-M206 = _preset(M105.replace(name="206m", n_experts=166))
+M206 = _preset(M105.replace(name="206m", n_experts=83))
 # ~10B total, shape only: a very wide granular MoE whose per-token bytes stay small.
 M10B = _preset(ModelConfig(
     name="10b", vocab_size=32000, d_model=2048, n_layers=24, attn_layers=(6, 12, 18, 23),
     n_heads=16, attn_window=1024, d_state=16, mlp_hidden=0, moe_layers=tuple(range(24)),
     n_experts=122, top_k=4, expert_hidden=512, n_shared=1, shared_hidden=1024,
-    embed_format="int8", head_format="int8",
+    embed_format="int8", head_format="int8", router_format="int8",
 ))
 
 

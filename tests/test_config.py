@@ -131,3 +131,18 @@ def test_presets_sizes():
     assert math.isclose(m("10b").total.params, 10e9, rel_tol=0.03)
     # equal active params (to 2 %) at 2x total
     assert math.isclose(m("105m").active.params, m("206m").active.params, rel_tol=0.02)
+
+
+def test_router_format():
+    cfg = TINY.replace(router_format="int8")
+    specs = {s.name: s for s in tensor_specs(cfg)}
+    assert specs["layers.0.ffn.router.weight"].format == "int8"
+    assert param_counts(cfg).resident.bytes < param_counts(TINY).resident.bytes
+    with pytest.raises(ValueError, match="router_format"):
+        TINY.replace(router_format="ternary2")
+
+
+def test_105m_206m_equal_active_bytes():
+    a, b = param_counts(get_preset("105m")), param_counts(get_preset("206m"))
+    assert b.total.params > 1.9 * a.total.params
+    assert math.isclose(a.active.bytes, b.active.bytes, rel_tol=0.025)
