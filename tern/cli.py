@@ -21,6 +21,7 @@ from typing import Any
 COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("tern.cli_presets", "list model presets with their parameter and byte counts"),
     "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
+    "gate": ("tern.gates", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
     "report": ("tern.report", "run the numbered notebooks into one self-contained HTML report"),
 }
 
