@@ -242,9 +242,28 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def scalar_metrics(name: str, value: Any) -> dict[str, float]:
+    """Plain numbers of a recorded metric: a number as ``{name: v}``; a list of per-layer
+    dicts (e.g. ``sparsity`` [{layer, zero_frac}], ``expert_load`` [{layer, max_over_mean,
+    dead_experts, ...}]) as the mean over layers of each numeric field, ``{name.field: v}``."""
+    if _number(value):
+        return {name: float(value)}
+    out: dict[str, float] = {}
+    if isinstance(value, list) and value and all(isinstance(d, dict) for d in value):
+        keys = {k for d in value for k, v in d.items() if _number(v) and k != "layer"}
+        for k in sorted(keys):
+            xs = [float(d[k]) for d in value if _number(d.get(k))]
+            out[f"{name}.{k}"] = sum(xs) / len(xs)
+    return out
+
+
 def arm_summaries(spec_record: dict[str, Any], run_rows: list[dict[str, Any]]) -> dict[str, dict]:
     """Per arm: metric per seed, mean ± standard error across seeds, parameter counts and
-    the means of the recorded side metrics that are plain numbers."""
+    the means over seeds of the recorded side metrics (see :func:`scalar_metrics`)."""
     metric, record = spec_record["metric"], spec_record["record"]
     out: dict[str, dict] = {}
     for r in run_rows:
@@ -254,9 +273,8 @@ def arm_summaries(spec_record: dict[str, Any], run_rows: list[dict[str, Any]]) -
                                       "active_params": r["counts"]["active_params"], "_rec": {}})
         a["per_seed"][str(r["seed"])] = r["metrics"][metric]
         for k in record:
-            v = r["metrics"].get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                a["_rec"].setdefault(k, []).append(float(v))
+            for name, v in scalar_metrics(k, r["metrics"].get(k)).items():
+                a["_rec"].setdefault(name, []).append(v)
     for a in out.values():
         vals = [float(v) for v in a["per_seed"].values()]
         a["n"] = len(vals)

@@ -69,8 +69,8 @@ class FakeRunner:
         bpb = 2.0 + seed / 10 + (DELTAS[seed] if model_cfg.mlp_format == "ternary2" else 0.0)
         tokens = train_cfg["steps"] * train_cfg["batch_size"] * train_cfg["seq_len"]
         return {"val_bpb": bpb, "train_tokens": tokens, "steps": train_cfg["steps"],
-                "tokens_per_s": 1000.0, "wall_s": 0.1, "final_loss": bpb, "sparsity": 0.5,
-                "expert_load": None}
+                "tokens_per_s": 1000.0, "wall_s": 0.1, "final_loss": bpb,
+                "sparsity": [{"layer": 0, "kind": "mlp", "zero_frac": 0.5}], "expert_load": []}
 
 
 def make_dict(kw):
@@ -245,7 +245,7 @@ def test_run_gate_end_to_end_fake(tmp_path):
                               "delta": pytest.approx(d)} for s, d in DELTAS.items()]
     assert c["mean_delta"] == pytest.approx(0.02) and c["se_delta"] == pytest.approx(0.01 / math.sqrt(3))
     assert c["verdict"] == "pass" and v["verdict"] == "pass" and v["complete"]
-    assert v["arms"]["B"]["recorded"]["sparsity"] == 0.5
+    assert v["arms"]["B"]["recorded"] == {"sparsity.zero_frac": 0.5}
     rows = read_registry(reg)
     assert [r["record"] for r in rows] == ["gate_run"] * 6 + ["gate_verdict"]
     assert all(r["gate_hash"] == v["gate_hash"] for r in rows)
@@ -337,6 +337,31 @@ def test_plots_from_registry(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 0
     figs = plot_registry(reg, tmp_path / "figs", capacity_gate="toy")
     assert figs and all(p.exists() and p.suffix == ".png" for p in figs)
+
+
+def test_scalar_metrics_of_structured_values():
+    from tern.gates import scalar_metrics
+
+    assert scalar_metrics("tokens_per_s", 12.5) == {"tokens_per_s": 12.5}
+    assert scalar_metrics("x", None) == {} and scalar_metrics("x", True) == {}
+    load = [{"layer": 0, "max_over_mean": 1.5, "dead_experts": 0, "counts": [1, 2]},
+            {"layer": 2, "max_over_mean": 2.5, "dead_experts": 1, "counts": [3, 0]}]
+    assert scalar_metrics("expert_load", load) == {"expert_load.max_over_mean": 2.0,
+                                                   "expert_load.dead_experts": 0.5}
+
+
+def test_expert_load_plot(tmp_path):
+    from tern.plots.gates import expert_load_matrix, expert_load_plot
+
+    def row(arm, counts):
+        return {"role": "arm", "arm": arm, "metrics": {"expert_load": [{"layer": 0, "counts": counts}]}}
+
+    assert expert_load_matrix([{"layer": 0, "counts": [1, 3]}]) == [[1.0, 3.0]]
+    assert expert_load_matrix(None) is None and expert_load_matrix([{"layer": 0}]) is None
+    expert_load_plot([row("e2", [10, 30]), row("e4", [5, 5, 5, 25])], tmp_path / "l.png")
+    assert (tmp_path / "l.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="expert_load"):
+        expert_load_plot([row("e2", None)])
 
 
 # ---- the shipped gates ----------------------------------------------------------------------

@@ -84,13 +84,14 @@ def capacity_plot(run_rows: list[dict[str, Any]], metric: str = "val_bpb", title
 
 
 def expert_load_matrix(expert_load: Any) -> list[list[float]] | None:
-    """Per-layer per-expert load fractions from a run's ``expert_load`` metric: a list of
-    per-layer lists, or a dict holding one under ``per_layer``; None when absent."""
-    if isinstance(expert_load, dict):
-        expert_load = expert_load.get("per_layer")
-    if (isinstance(expert_load, list) and expert_load
-            and all(isinstance(r, list) and r for r in expert_load)):
-        return [[float(x) for x in r] for r in expert_load]
+    """Per-layer per-expert assignment counts from a run's ``expert_load`` metric (a list
+    of per-layer dicts with ``counts``, as ``TernLM.expert_load()`` gives, or a list of
+    per-layer lists); None when absent."""
+    if not isinstance(expert_load, list) or not expert_load:
+        return None
+    rows = [r.get("counts") if isinstance(r, dict) else r for r in expert_load]
+    if all(isinstance(r, list) and r for r in rows):
+        return [[float(x) for x in r] for r in rows]
     return None
 
 
