@@ -381,6 +381,44 @@ def plan(spec: GateSpec, registry: str | Path, make_train: Callable[[dict], Any]
             "teacher_steps": {t: s.train["steps"] for t, s in spec.teachers.items()}}
 
 
+def shipped_gates() -> list[Path]:
+    """The gate files shipped in ``gates/`` of the checkout, in order."""
+    from .notebook import repo_root
+
+    root = repo_root()
+    d = root / "gates" if root else Path.cwd() / "gates"
+    files = sorted(d.glob("*.toml"))
+    if not files:
+        raise ValueError(f"no gate files in {d}")
+    return files
+
+
+def gate_headlines(registry: str | Path) -> dict[str, Any]:
+    """Headline figures of every gate's latest verdict: the verdict, and per comparison
+    the mean Δ and its standard error (keys carry the metric, e.g. ``_delta_val_bpb``)."""
+    out: dict[str, Any] = {}
+    for name, v in latest_verdicts(read_registry(registry)).items():
+        out[f"{name}_verdict"] = v["verdict"]
+        for c in v["comparisons"]:
+            key = f"{name}_{c['b']}_vs_{c['a']}"
+            out[f"{key}_delta_{v['metric']}"] = c["mean_delta"]
+            out[f"{key}_se_{v['metric']}"] = c["se_delta"]
+    return out
+
+
+def registry_report(registry: str | Path) -> str:
+    """The verdict table followed by every gate's verdict in full (text)."""
+    gates = list_gates(registry)
+    if not gates:
+        return f"no gates in {registry}"
+    parts = [format_table(gates)]
+    for g in gates:
+        v = show_gate(registry, g["gate"])
+        parts.append(format_verdict(v["verdict"]) if v["verdict"] else
+                     f"gate {g['gate']}: no verdict yet, {len(v['runs'])} run(s) finished")
+    return "\n\n".join(parts)
+
+
 # ---- a tiny gate for smoke tests and notebooks --------------------------------------------
 
 SMOKE_GATE = """\
@@ -536,4 +574,4 @@ def cli_render(result: dict[str, Any]) -> str:
 
 __all__ = ["run_gate", "plan", "plan_runs", "list_gates", "show_gate", "verdict_record",
            "arm_summaries", "read_registry", "finished_runs", "latest_verdicts", "gate_runs",
-           "default_registry", "smoke_gate_file", "format_table", "format_verdict", "load_gate", "canonical_json"]
+           "default_registry", "smoke_gate_file", "shipped_gates", "gate_headlines", "registry_report", "format_table", "format_verdict", "load_gate", "canonical_json"]

@@ -324,6 +324,19 @@ def test_list_show_plan_and_cli(tmp_path, capsys):
     assert cli.main(["gate", "show", "nope", "--registry", str(reg)]) == 2
 
 
+def test_headlines_and_report(tmp_path):
+    from tern.gates import gate_headlines, registry_report, shipped_gates
+
+    reg = tmp_path / "reg.jsonl"
+    assert registry_report(reg).startswith("no gates")
+    run(write_gate(tmp_path), reg, FakeRunner())
+    h = gate_headlines(reg)
+    assert h["toy_verdict"] == "pass" and h["toy_B_vs_A_delta_val_bpb"] == pytest.approx(0.02)
+    text = registry_report(reg)
+    assert "gate verdict" not in text and "toy" in text and "per seed" in text
+    assert [p.name for p in shipped_gates()] == [p.name for p in SHIPPED]
+
+
 def test_plots_from_registry(tmp_path):
     from tern.gates import gate_runs
     from tern.plots.gates import capacity_points, forest_plot, plot_registry
