@@ -20,6 +20,8 @@ from typing import Any
 # name -> (module, one-line help). Keep in pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("tern.cli_presets", "list model presets with their parameter and byte counts"),
+    "predict": ("tern.roofline", "two-pool roofline: predicted decode tok/s of a config on a host, and why"),
+    "design": ("tern.design", "design search: active budget and configs reaching a target tok/s"),
     "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
     "gate": ("tern.gates", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
     "report": ("tern.report", "run the numbered notebooks into one self-contained HTML report"),
