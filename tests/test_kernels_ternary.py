@@ -69,7 +69,8 @@ def test_quantize_act_rejects_bad_input():
         quantize_act_checked(np.zeros(3, dtype=np.float32), np.zeros(4, dtype=np.int8))
 
 
-DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par]
+DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par,
+                 K.ternary_matvec_simd, K.ternary_matvec_simd_par]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -155,3 +156,70 @@ def test_checked_wrapper_rejects_bad_args():
     K.check_matvec_args(packed_t, rs, xq, xs, out, transposed=True)
     with pytest.raises(ValueError, match="packed_t"):
         K.check_matvec_args(packed, rs, xq, xs, out, transposed=True)
+
+
+# ---- every variant of tern.engine.ternary_variants, and every ISA path of tern.engine.simd ----
+
+from tern.engine import simd  # noqa: E402
+from tern.engine.ternary_variants import VARIANTS, calibrate_kernels, get_variant  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_exact(name, shape):
+    v = get_variant(name)
+    wt, rs, xq, xs = _problem(*shape, seed=3 * sum(shape))
+    layout = v.prepare(P.pack_ternary2(wt), shape[1])
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for f in (v.matvec, v.matvec_par):
+        out = np.full(shape[0], np.nan, dtype=np.float32)
+        f(layout, rs, xq, xs, out)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_variant_extreme_values_exact():
+    # -127 activations everywhere with all-(-1) rows: int32 sums near the largest magnitude
+    cols = 3000
+    wt = np.stack([np.full(cols, -1, np.int8), np.full(cols, 1, np.int8), np.zeros(cols, np.int8)])
+    xq = np.full(cols, -127, dtype=np.int8)
+    rs = np.ones(3, dtype=np.float32)
+    for v in VARIANTS.values():
+        out = np.empty(3, dtype=np.float32)
+        v.matvec(v.prepare(P.pack_ternary2(wt), cols), rs, xq, np.float32(1), out)
+        assert out.tolist() == [127.0 * cols, -127.0 * cols, 0.0], v.name
+
+
+def _host_isas():
+    order = ["avx2", "avx512bw", "avx512vnni"]
+    if simd.ROW_DOT_ISA == "none":
+        return []
+    return order[: order.index(simd.ROW_DOT_ISA) + 1]
+
+
+@pytest.mark.parametrize("isa", _host_isas() or ["none"])
+def test_row_dot_every_isa_path(isa):
+    if isa == "none":
+        pytest.skip("no x86 SIMD path on this CPU")
+    row_dot = simd._make_row_dot(isa)
+
+    @numba.njit
+    def dots(packed, xq, out):
+        nfull = xq.shape[0] // 256
+        gtail = packed.shape[1] - 64 * nfull
+        for r in range(packed.shape[0]):
+            out[r] = row_dot(packed, r, xq, nfull, gtail)
+
+    for rows, cols in [(1, 1), (3, 63), (2, 64), (5, 255), (4, 256), (3, 257), (2, 511), (6, 1100)]:
+        wt, _, xq, _ = _problem(rows, cols, seed=rows * cols)
+        out = np.empty(rows, dtype=np.int64)
+        dots(P.pack_ternary2(wt), xq, out)
+        np.testing.assert_array_equal(out, (wt.astype(np.int64) + 1) @ xq.astype(np.int64))
+
+
+def test_calibrate_kernels_reports_every_variant():
+    res = calibrate_kernels(rows=64, cols=512, repeats=2, min_time_s=0.001)
+    assert set(res["gops_per_s"]) == set(VARIANTS)
+    assert all(g > 0 for g in res["gops_per_s"].values())
+    assert res["fastest"] in VARIANTS and res["default"] == K.DEFAULT_VARIANT
+    with pytest.raises(ValueError, match="unknown ternary variant"):
+        get_variant("nope")

@@ -16,88 +16,127 @@ import numba
 import numpy as np
 from numba import prange
 
+from .simd import ROW_DOT_ISA, row_codes_dot
+
 SEG_COLS = 256
 SEG_BYTES = 64
 ROW_BLOCK = 16  # rows per parallel work item
 
 
 @numba.njit(cache=True)
-def pad_act(xq, row_bytes):
-    """``xq`` zero-extended to 4 * row_bytes int8 slots (so tail-segment padding reads 0)."""
-    qp = np.zeros(4 * row_bytes, dtype=np.int8)
-    qp[: xq.shape[0]] = xq
-    return qp
-
-
-@numba.njit(cache=True)
 def act_sum(xq):
+    """sum(xq) as int32 (the kernels sum code * xq with code = w + 1, then subtract it)."""
     s = np.int32(0)
     for i in range(xq.shape[0]):
-        s += np.int32(xq[i])
+        s = np.int32(s + xq[i])
     return s
 
 
+# ---- variant "unpack": plain numba shifts/masks + int16 segment sums ------------------------
+
+
 @numba.njit(cache=True, inline="always")
-def _seg_dot_codes(packed, r, b0, g, qp, q0):
-    """sum over one segment of code * q (code = w + 1 in {0, 1, 2}), int32."""
+def _seg_dot_signed(packed, r, b0, g, xq, q0):
+    """sum over one segment of w * q (w = code - 1); |sum| <= 256 * 127 fits int16."""
+    acc = np.int16(0)
+    for j in range(g):
+        p = np.int16(packed[r, b0 + j])
+        acc = np.int16(acc + ((p & 3) - 1) * np.int16(xq[q0 + j])
+                       + (((p >> 2) & 3) - 1) * np.int16(xq[q0 + g + j])
+                       + (((p >> 4) & 3) - 1) * np.int16(xq[q0 + 2 * g + j])
+                       + (((p >> 6) & 3) - 1) * np.int16(xq[q0 + 3 * g + j]))
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
+def _tail_dot_signed(packed, r, b0, g, xq, q0):
+    """The last, partial segment (g <= 64 bytes): slots past the end of xq are skipped."""
     acc = np.int32(0)
+    n = xq.shape[0]
     for j in range(g):
         p = np.int32(packed[r, b0 + j])
-        acc += (p & 3) * np.int32(qp[q0 + j])
-        acc += ((p >> 2) & 3) * np.int32(qp[q0 + g + j])
-        acc += ((p >> 4) & 3) * np.int32(qp[q0 + 2 * g + j])
-        acc += ((p >> 6) & 3) * np.int32(qp[q0 + 3 * g + j])
+        for k in range(4):
+            i = q0 + g * k + j
+            if i < n:
+                acc = np.int32(acc + (((p >> (2 * k)) & 3) - 1) * np.int32(xq[i]))
     return acc
 
 
 @numba.njit(cache=True, inline="always")
-def _row_dot_unpack(packed, r, qp, nfull, gtail):
-    acc = np.int32(0)
-    for b in range(nfull):
-        acc += _seg_dot_codes(packed, r, b * SEG_BYTES, SEG_BYTES, qp, b * SEG_COLS)
-    if gtail > 0:
-        acc += _seg_dot_codes(packed, r, nfull * SEG_BYTES, gtail, qp, nfull * SEG_COLS)
-    return acc
-
-
-@numba.njit(cache=True, inline="always")
-def _rows_unpack(packed, row_scale, qp, qsum, x_scale, out, r0, r1):
-    nfull = packed.shape[1] // SEG_BYTES
-    gtail = packed.shape[1] - nfull * SEG_BYTES
+def _rows_unpack(packed, row_scale, xq, x_scale, out, r0, r1):
+    nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
+    gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
     for r in range(r0, r1):
-        acc = _row_dot_unpack(packed, r, qp, nfull, gtail) - qsum
+        acc = np.int32(0)
+        for b in range(nfull):
+            acc = np.int32(acc + _seg_dot_signed(packed, r, b * SEG_BYTES, SEG_BYTES, xq, b * SEG_COLS))
+        if gtail > 0:
+            acc = np.int32(acc + _tail_dot_signed(packed, r, nfull * SEG_BYTES, gtail, xq, nfull * SEG_COLS))
         out[r] = row_scale[r] * x_scale * np.float32(acc)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_unpack(packed, row_scale, xq, x_scale, out):
-    """Variant 1: unpack 2-bit codes with shifts/masks, int8 x code dot, minus sum(xq)."""
-    _rows_unpack(packed, row_scale, pad_act(xq, packed.shape[1]), act_sum(xq), x_scale, out,
-                 0, packed.shape[0])
+    """Variant "unpack" (portable plain numba): 2-bit codes -> int8 weights -> int16 dot."""
+    _rows_unpack(packed, row_scale, xq, x_scale, out, 0, packed.shape[0])
 
 
 @numba.njit(cache=True, parallel=True)
 def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
-    """Variant 1, blocks of rows split over numba threads."""
-    qp = pad_act(xq, packed.shape[1])
+    """Variant "unpack", blocks of ROW_BLOCK rows split over numba threads."""
+    rows = packed.shape[0]
+    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
+        _rows_unpack(packed, row_scale, xq, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+
+
+# ---- variant "simd": the same unpack with vpdpbusd / vpmaddubsw (tern.engine.simd) ---------
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
+    nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
+    gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
+    for r in range(r0, r1):
+        acc = np.int32(row_codes_dot(packed, r, xq, nfull, gtail) - qsum)
+        out[r] = row_scale[r] * x_scale * np.float32(acc)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd(packed, row_scale, xq, x_scale, out):
+    """Variant "simd" (x86 with AVX2 or AVX-512): 64-byte loads, shift+mask to u8 codes,
+    u8 x s8 dot products (vpdpbusd with VNNI), minus sum(xq)."""
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0])
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", blocks of ROW_BLOCK rows split over numba threads."""
     qsum = act_sum(xq)
     rows = packed.shape[0]
-    nblk = (rows + ROW_BLOCK - 1) // ROW_BLOCK
-    for i in prange(nblk):
-        _rows_unpack(packed, row_scale, qp, qsum, x_scale, out, i * ROW_BLOCK,
-                     min(rows, (i + 1) * ROW_BLOCK))
+    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
+        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+
+
+# ---- default ---------------------------------------------------------------------------------
+# Rule (measured on AMD EPYC Zen 4 and documented in benchmarks/ternary_matvec.py): the
+# "simd" variant wherever tern.engine.simd found AVX2 or AVX-512 when this module was
+# imported, else the portable "unpack" variant. calibrate_kernels() re-measures all variants.
+DEFAULT_VARIANT = "simd" if ROW_DOT_ISA != "none" else "unpack"
+
+_DEFAULT = ternary_matvec_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
+_DEFAULT_PAR = ternary_matvec_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
 
 
 @numba.njit(cache=True)
 def ternary_matvec(packed, row_scale, xq, x_scale, out):
-    """Default single-thread ternary matvec (dispatches to the fastest variant)."""
-    ternary_matvec_unpack(packed, row_scale, xq, x_scale, out)
+    """Default single-thread ternary matvec (DEFAULT_VARIANT on this CPU)."""
+    _DEFAULT(packed, row_scale, xq, x_scale, out)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
     """Default multi-thread ternary matvec (threads: numba.set_num_threads by the caller)."""
-    ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out)
+    _DEFAULT_PAR(packed, row_scale, xq, x_scale, out)
 
 
 # ---- activation skip (transposed orientation) -----------------------------------------------

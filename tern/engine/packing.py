@@ -32,6 +32,8 @@ B3_TRITS = 5
 B3_MAX_BYTE = 3**B3_TRITS - 1  # 242
 SCALE_MIN = 1e-8  # absmean clamp of docs/MODEL.md
 _CHUNK_ELEMS = 1 << 24  # rows are processed in chunks of about this many weights
+_VALID_BYTES = np.array([a | b << 2 | c << 4 | d << 6 for d in range(3) for c in range(3)
+                         for b in range(3) for a in range(3)], dtype=np.uint8)  # the 81 valid bytes
 
 
 def ternary2_row_bytes(cols: int) -> int:
@@ -129,19 +131,31 @@ def unpack_ternary2(packed: np.ndarray, cols: int) -> np.ndarray:
 
 def random_ternary2(rows: int, cols: int, seed: int = 0, p_zero: float = 1 / 3) -> np.ndarray:
     """A random ternary matrix packed in the ternary2 layout, made row-chunk by chunk
-    (never more than ~16M unpacked weights at once): P(0) = ``p_zero``, P(+1) = P(-1)."""
+    (never more than ~16M weights at once): P(0) = ``p_zero``, P(+1) = P(-1)."""
     _check_cols(cols)
     _check_cols(rows)
     if not 0.0 <= p_zero <= 1.0:
         raise ValueError(f"p_zero must be in [0, 1], got {p_zero!r}")
     rng = np.random.default_rng(seed)
-    out = np.empty((rows, ternary2_row_bytes(cols)), dtype=np.uint8)
-    step = _chunk_rows(cols)
+    rb = ternary2_row_bytes(cols)
+    full = (cols // SEGMENT_COLS) * SEGMENT_BYTES  # bytes of complete segments
     p_pm = (1.0 - p_zero) / 2
+    cdf = np.array([p_pm, p_pm + p_zero], dtype=np.float32)  # code 0 (-1), 1 (0), 2 (+1)
+    uniform = abs(p_zero - 1 / 3) < 1e-12
+    out = np.empty((rows, rb), dtype=np.uint8)
+    step = max(1, _CHUNK_ELEMS // max(1, cols))
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
-        wt = rng.choice(np.array([-1, 0, 1], dtype=np.int8), size=(n, cols), p=[p_pm, p_zero, p_pm])
-        out[r0:r0 + n] = pack_ternary2(wt)
+        if full and uniform:  # every byte is 4 independent uniform codes: one of 81 bytes
+            out[r0:r0 + n, :full] = _VALID_BYTES[rng.integers(0, 81, size=(n, full), dtype=np.uint8)]
+        elif full:
+            u = rng.random((n, full, 4), dtype=np.float32)  # (r, bytes, 4)
+            codes = (u >= cdf[0]).astype(np.uint8) + (u >= cdf[1])  # (r, bytes, 4) in {0,1,2}
+            out[r0:r0 + n, :full] = codes[..., 0] | (codes[..., 1] << 2) | (codes[..., 2] << 4) | (codes[..., 3] << 6)
+        if full < rb:  # the partial segment goes through pack_ternary2 (padding slots)
+            u = rng.random((n, cols - 4 * full), dtype=np.float32)  # (r, tail cols)
+            wt = ((u >= cdf[0]).astype(np.int8) + (u >= cdf[1])) - CODE_ZERO
+            out[r0:r0 + n, full:] = pack_ternary2(wt.astype(np.int8))
     return out
 
 

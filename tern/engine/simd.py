@@ -1,0 +1,219 @@
+"""SIMD row-dot primitives for the ternary2 layout, written as numba intrinsics.
+
+numba's own integer promotion (everything narrower than 64 bits is computed in int64)
+keeps LLVM from finding the byte dot-product instructions, so the hottest loop — one
+packed row against the int8 activations — is emitted here as LLVM IR directly:
+
+* ``avx512vnni``: 64 packed bytes -> four code vectors (shift + mask) -> ``vpdpbusd``
+  (u8 code x s8 activation, 4 products summed into each int32 lane);
+* ``avx512bw`` / ``avx2``: the same with ``vpmaddubsw`` + ``vpmaddwd`` (512 or 2 x 256 bit);
+* any other CPU: :data:`ROW_DOT_ISA` is ``"none"`` and callers use their plain-numba loop.
+
+The ISA is chosen once at import from the CPU numba compiles for (``NUMBA_CPU_NAME`` /
+``NUMBA_CPU_FEATURES`` or the host), so cached code always matches the machine.
+
+``row_codes_dot(packed, r, xq, nfull, gtail)`` returns ``sum_c code[r, c] * xq[c]`` (int32)
+over the first ``nfull`` complete 256-column segments of row ``r`` plus a last, partial
+segment of ``gtail`` bytes (``0 <= gtail <= 64``; ``nfull = cols // 256``), where code = w + 1 in {0, 1, 2} and ``xq`` (cols,)
+int8 is unpadded: the tail segment uses masked loads for both the packed bytes and the
+activations, so nothing is read past a row or past ``xq`` and nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _target_features() -> set[str]:
+    cfg = numba.config
+    if cfg.CPU_NAME:  # numba compiles for a named CPU: trust only the listed features
+        feats = cfg.CPU_FEATURES or ""
+        return {f[1:] for f in feats.split(",") if f.startswith("+")}
+    host = llvm.get_host_cpu_features()
+    return {k for k in host if host[k]}
+
+
+def _pick_isa(feats: set[str]) -> str:
+    if "avx512vnni" in feats and "avx512bw" in feats:
+        return "avx512vnni"
+    if "avx512bw" in feats:
+        return "avx512bw"
+    if "avx2" in feats:
+        return "avx2"
+    return "none"
+
+
+ROW_DOT_ISA = _pick_isa(_target_features())
+SEG_BYTES = 64
+
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_V64I8 = ir.VectorType(_I8, 64)
+_V16I32 = ir.VectorType(_I32, 16)
+_V32I16 = ir.VectorType(_I16, 32)
+_V32I8 = ir.VectorType(_I8, 32)
+_V8I32 = ir.VectorType(_I32, 8)
+_V16I16 = ir.VectorType(_I16, 16)
+
+
+def _fn(module, name, ret, argtys):
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(ret, argtys), name)
+
+
+def _splat(vty, value):
+    return ir.Constant(vty, [ir.Constant(vty.element, value)] * vty.count)
+
+
+def _load_vec(builder, base, offset, vty):
+    ptr = builder.gep(base, [offset])
+    ptr = builder.bitcast(ptr, ir.PointerType(vty))
+    return builder.load(ptr, align=1)
+
+
+def _masked_load(builder, base, offset, vty, nvalid):
+    """Load ``vty`` bytes from base+offset keeping lanes < nvalid (others 0), never
+    touching memory past the valid lanes."""
+    ptr = builder.bitcast(builder.gep(base, [offset]), ir.PointerType(vty))
+    lanes = ir.Constant(ir.VectorType(_I32, vty.count), list(range(vty.count)))
+    n = builder.trunc(nvalid, _I32)
+    nv = builder.insert_element(ir.Constant(ir.VectorType(_I32, vty.count), None), n, ir.Constant(_I32, 0))
+    nv = builder.shuffle_vector(nv, nv, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
+    mask = builder.icmp_unsigned("<", lanes, nv)
+    fn = _fn(builder.module, f"llvm.masked.load.v{vty.count}i8.p0", vty,
+             [ir.PointerType(vty), _I32, ir.VectorType(ir.IntType(1), vty.count), vty])
+    return builder.call(fn, [ptr, ir.Constant(_I32, 1), mask, ir.Constant(vty, None)])
+
+
+def _min64(builder, v, m):
+    c = ir.Constant(_I64, m)
+    return builder.select(builder.icmp_signed("<", v, c), v, c)
+
+
+def _codes(builder, packed_vec, k, vty_bytes):
+    """Codes of group k (bits 2k..2k+1 of every byte) as a byte vector."""
+    n32 = vty_bytes.count // 4
+    v32 = ir.VectorType(_I32, n32)
+    x = builder.bitcast(packed_vec, v32)
+    if k:
+        x = builder.lshr(x, _splat(v32, 2 * k))
+    x = builder.and_(x, _splat(v32, 0x03030303))
+    return builder.bitcast(x, vty_bytes)
+
+
+def _dot_step(builder, isa, acc, codes, q):
+    """acc (int32 lanes) += 4-byte group sums of codes (u8) * q (s8)."""
+    m = builder.module
+    if isa == "avx512vnni":
+        fn = _fn(m, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
+        return builder.call(fn, [acc, builder.bitcast(codes, _V16I32), builder.bitcast(q, _V16I32)])
+    if isa == "avx512bw":
+        mad = _fn(m, "llvm.x86.avx512.pmaddubs.w.512", _V32I16, [_V64I8, _V64I8])
+        wd = _fn(m, "llvm.x86.avx512.pmaddw.d.512", _V16I32, [_V32I16, _V32I16])
+        p16 = builder.call(mad, [codes, q])
+        return builder.add(acc, builder.call(wd, [p16, _splat(_V32I16, 1)]))
+    # avx2: accumulator is <8 x i32>, codes/q are <32 x i8>
+    mad = _fn(m, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    wd = _fn(m, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    p16 = builder.call(mad, [codes, q])
+    return builder.add(acc, builder.call(wd, [p16, _splat(_V16I16, 1)]))
+
+
+def _emit_row_dot(context, builder, sig, args, isa):
+    pk_ty, _, qp_ty, _, _ = sig.args
+    packed_arg, r, qp_arg, nfull, gtail = args  # qp: the unpadded int8 activations
+    pk = context.make_array(pk_ty)(context, builder, packed_arg)
+    qa = context.make_array(qp_ty)(context, builder, qp_arg)
+    stride0 = cgutils.unpack_tuple(builder, pk.strides)[0]
+    row_base = builder.gep(builder.bitcast(pk.data, ir.PointerType(_I8)), [builder.mul(r, stride0)])
+    qbase = builder.bitcast(qa.data, ir.PointerType(_I8))
+    ncols = cgutils.unpack_tuple(builder, qa.shape)[0]
+
+    width = 32 if isa == "avx2" else 64  # bytes per vector
+    vbytes = ir.VectorType(_I8, width)
+    vacc = _V8I32 if isa == "avx2" else _V16I32
+    nacc = 4
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(nacc)]
+
+    def segment(seg_byte, seg_q, g, tail):
+        """Accumulate one segment of g bytes (g = 64 or the tail length)."""
+        for h in range(SEG_BYTES // width):  # halves for avx2
+            off = builder.add(seg_byte, ir.Constant(_I64, h * width))
+            if tail:
+                nvalid = builder.sub(g, ir.Constant(_I64, h * width))
+                nvalid = builder.select(builder.icmp_signed("<", nvalid, ir.Constant(_I64, 0)),
+                                        ir.Constant(_I64, 0), nvalid)
+                pv = _masked_load(builder, row_base, off, vbytes, _min64(builder, nvalid, width))
+            else:
+                pv = _load_vec(builder, row_base, off, vbytes)
+            for k in range(4):
+                qoff = builder.add(seg_q, builder.add(builder.mul(g, ir.Constant(_I64, k)),
+                                                      ir.Constant(_I64, h * width)))
+                if tail:  # activations past the end of xq are not read (their codes are 0)
+                    qvalid = builder.sub(ncols, qoff)
+                    qvalid = builder.select(builder.icmp_signed("<", qvalid, ir.Constant(_I64, 0)),
+                                            ir.Constant(_I64, 0), qvalid)
+                    q = _masked_load(builder, qbase, qoff, vbytes, _min64(builder, qvalid, width))
+                else:
+                    q = _load_vec(builder, qbase, qoff, vbytes)
+                a = accs[k]
+                builder.store(_dot_step(builder, isa, builder.load(a), _codes(builder, pv, k, vbytes), q), a)
+
+    with cgutils.for_range(builder, nfull) as loop:
+        i = loop.index
+        segment(builder.mul(i, ir.Constant(_I64, SEG_BYTES)), builder.mul(i, ir.Constant(_I64, 4 * SEG_BYTES)),
+                ir.Constant(_I64, SEG_BYTES), False)
+    with builder.if_then(builder.icmp_signed(">", gtail, ir.Constant(_I64, 0))):
+        segment(builder.mul(nfull, ir.Constant(_I64, SEG_BYTES)), builder.mul(nfull, ir.Constant(_I64, 4 * SEG_BYTES)),
+                gtail, True)
+    tot = builder.load(accs[0])
+    for a in accs[1:]:
+        tot = builder.add(tot, builder.load(a))
+    red = _fn(builder.module, f"llvm.vector.reduce.add.v{vacc.count}i32", _I32, [vacc])
+    return builder.call(red, [tot])
+
+
+def _make_row_dot(isa):
+    @intrinsic
+    def row_codes_dot(typingctx, packed, r, qp, nfull, gtail):
+        if not (isinstance(packed, types.Array) and packed.ndim == 2 and packed.dtype == types.uint8
+                and packed.layout == "C"
+                and isinstance(qp, types.Array) and qp.ndim == 1 and qp.dtype == types.int8
+                and qp.layout == "C"):
+            return None
+        sig = types.int32(packed, types.int64, qp, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            a = list(args)
+            for i in (1, 3, 4):  # index arguments as i64
+                a[i] = context.cast(builder, a[i], signature.args[i], types.int64)
+            return _emit_row_dot(context, builder, signature, a, isa)
+
+        return sig, codegen
+
+    return row_codes_dot
+
+
+row_codes_dot = _make_row_dot(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2")
+
+
+@intrinsic
+def popcount64(typingctx, x):
+    """Number of set bits of a uint64 (``llvm.ctpop``; vpopcntq when vectorized)."""
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = _fn(builder.module, "llvm.ctpop.i64", _I64, [_I64])
+        return builder.call(fn, [args[0]])
+
+    return types.uint64(types.uint64), codegen
