@@ -19,6 +19,7 @@ from typing import Any
 
 # name -> (module, one-line help). Keep in pipeline order.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "probe": ("tern.probe", "measure caches, bandwidth against working set and kernel roofs -> host_profile.json"),
     "presets": ("tern.cli_presets", "list model presets with their parameter and byte counts"),
     "predict": ("tern.roofline", "two-pool roofline: predicted decode tok/s of a config on a host, and why"),
     "design": ("tern.design", "design search: active budget and configs reaching a target tok/s"),

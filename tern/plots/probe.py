@@ -1,0 +1,104 @@
+"""Figure of the host probe: bandwidth against working-set size.
+
+Drawn from a HostProfile only (the curve points and the plateaus of
+:func:`tern.probe.detect_plateaus`), so it can be regenerated from a saved
+host_profile.json. Uses matplotlib's object API (no pyplot state): works headless.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullFormatter
+
+from ..host_profile import HostProfile
+from ..probe import detect_plateaus
+from ..probe_bandwidth import format_bytes
+
+_STYLES = {"read": "-", "copy": "--", "triad": ":"}
+
+
+def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] = ("read",),
+                   threads: Sequence[int] | None = None, stat: str = "median",
+                   label_plateaus: bool = True, figsize: tuple[float, float] = (9.0, 5.0)) -> Figure:
+    """GB/s against working set (log2 x axis), one curve per (kernel, thread count),
+    cache sizes as vertical lines, plateaus as labelled horizontal segments."""
+    if stat not in ("median", "best"):
+        raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
+    fig = Figure(figsize=figsize)
+    ax = fig.add_subplot(1, 1, 1)
+    all_threads = sorted({p.threads for p in profile.bandwidth})
+    threads = list(threads) if threads is not None else all_threads
+    xs_all: list[int] = []
+    drawn = 0
+    for kernel in kernels:
+        avail = profile.thread_counts(kernel)
+        for t in threads:
+            if t not in avail:
+                continue
+            curve = profile.curve(t, kernel)
+            xs = [p.working_set_bytes for p in curve]
+            ys = [p.gbps_median if stat == "median" else p.gbps_best for p in curve]
+            color = f"C{all_threads.index(t) % 10}"
+            ax.plot(xs, ys, _STYLES.get(kernel, "-."), marker="o", ms=3, color=color,
+                    label=f"{kernel}, {t} thread{'s' if t > 1 else ''}")
+            xs_all += xs
+            drawn += 1
+            if label_plateaus:
+                _draw_plateaus(ax, profile, t, kernel, color, xs[0], xs[-1])
+    if not drawn:
+        raise ValueError(f"profile {profile.label!r} has no curve for kernels {list(kernels)} "
+                         f"and threads {threads}")
+    _mark_caches(ax, profile, min(xs_all), max(xs_all))
+    _log2_bytes_axis(ax, min(xs_all), max(xs_all))
+    ax.set_xlabel("working set (bytes, log2 scale)")
+    ax.set_ylabel(f"bandwidth, GB/s (1e9 bytes/s, {stat} of repeats)")
+    ax.set_ylim(bottom=0)
+    cpu = profile.host.get("cpu_model") or profile.host.get("cpu") or ""
+    ax.set_title(f"Bandwidth against working set: {cpu} ({profile.label})", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: str,
+                   x_lo: float, x_hi: float) -> None:
+    for p in detect_plateaus(profile, threads, kernel):
+        if p.gbps is None:
+            continue
+        lo = max(p.lo_bytes, x_lo)
+        hi = min(p.hi_bytes, x_hi) if p.hi_bytes is not None else x_hi
+        if hi <= lo:
+            lo = hi = min(max(lo, x_lo), x_hi)
+        ax.plot([lo, hi], [p.gbps, p.gbps], color=color, lw=3, alpha=0.35, solid_capstyle="butt")
+        ax.annotate(f"{p.name} {p.gbps:.0f}", (math.sqrt(lo * hi), p.gbps), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=7, color=color)
+
+
+def _mark_caches(ax, profile: HostProfile, x_lo: float, x_hi: float) -> None:
+    marks: dict[int, str] = {}
+    for c in profile.caches:
+        if c.type not in ("Data", "Unified"):
+            continue
+        marks.setdefault(c.size_bytes, f"L{c.level} {format_bytes(c.size_bytes)}")
+        if c.instances > 1:
+            marks.setdefault(c.total_bytes, f"L{c.level} total {format_bytes(c.total_bytes)}")
+    for x, text in sorted(marks.items()):
+        if x_lo <= x <= x_hi:
+            ax.axvline(x, color="0.4", ls=":", lw=1)
+            ax.text(x, 0.98, f" {text}", rotation=90, va="top", ha="right", fontsize=7, color="0.3",
+                    transform=ax.get_xaxis_transform())
+
+
+def _log2_bytes_axis(ax, x_lo: float, x_hi: float) -> None:
+    ax.set_xscale("log", base=2)
+    lo, hi = math.floor(math.log2(x_lo)), math.ceil(math.log2(x_hi))
+    step = 2 if hi - lo <= 24 else 4
+    ticks = [2.0 ** k for k in range(lo - lo % 2, hi + 1, step)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.set_xticklabels([format_bytes(t) for t in ticks], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(x_lo / 1.15, x_hi * 1.15)

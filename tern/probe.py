@@ -1,0 +1,342 @@
+"""`tern probe`: measure the host — caches, bandwidth against working set, kernel roofs.
+
+    profile = run_probe(probe_config(quick=True))      # -> HostProfile (saved with out=...)
+    plateau_table(profile)                             # {threads: {"L1": GB/s, ..., "DRAM": GB/s}}
+
+Caches come from ``/sys`` (:mod:`tern.probe_caches`), bandwidth from numba read / copy /
+triad kernels swept over working sets (:mod:`tern.probe_bandwidth`), kernel throughput
+from the matvec registry (:mod:`tern.kernel_bench`). All figures: GB/s = 1e9 bytes/s,
+G ops/s with a multiply-add counted as 2 ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .host_profile import HostProfile, KernelThroughput
+from .probe_bandwidth import KERNELS, SweepConfig, default_max_ws_bytes, format_bytes
+from .probe_caches import Topology, detect_caches, read_topology
+from .probe_timing import TimingConfig
+from .records import run_metadata
+
+DEFAULT_OUT = "results/host_profile.json"
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "asimd", "asimddp", "sve")
+LEVEL_NAMES = ("L1", "L2", "L3", "L4")
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    sweep: SweepConfig
+    kernel_names: tuple[str, ...] | None = None  # None: every registered kernel
+    kernel_sizes: tuple[tuple[int, int], ...] = ((1024, 1024),)  # (rows, cols)
+    kernel_timing: TimingConfig = field(default_factory=TimingConfig)
+    quick: bool = False
+    sys_root: str = "/sys"
+
+    def __post_init__(self) -> None:
+        for r, c in self.kernel_sizes:
+            if r < 1 or c < 1:
+                raise ValueError(f"kernel size {r} x {c} must be positive")
+
+
+def default_thread_counts() -> tuple[int, ...]:
+    """(1, all CPUs this process may use), or (1,) on a one-CPU machine."""
+    from .probe_bandwidth import max_threads
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        n = os.cpu_count() or 1
+    n = max(1, min(n, max_threads()))
+    return (1,) if n == 1 else (1, n)
+
+
+def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = None,
+                 llc_bytes: int | None = None, kernels: tuple[str, ...] | None = None,
+                 sys_root: str = "/sys") -> ProbeConfig:
+    """The quick (< 20 s on a 2-core VM: read kernel only, 2 points per octave, 20 ms
+    runs, up to 4 x LLC) or full (< 3 min: read, copy and triad, 4 points per octave,
+    100 ms runs, up to max(4 x LLC, 512 MiB)) probe."""
+    threads = tuple(thread_counts or default_thread_counts())
+    if llc_bytes is None:
+        caches, source = detect_caches(sys_root)
+        llc_bytes = HostProfile("caches only", False, {}, caches, source, ()).llc_bytes
+    max_ws = default_max_ws_bytes(llc_bytes, quick)
+    if quick:
+        t = TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005)
+        sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=2, kernels=kernels or ("read",),
+                            thread_counts=threads, timing=t)
+        return ProbeConfig(sweep=sweep, kernel_timing=t, quick=True, sys_root=sys_root)
+    sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=4, kernels=kernels or KERNELS,
+                        thread_counts=threads, timing=TimingConfig())
+    return ProbeConfig(sweep=sweep, kernel_sizes=((1024, 1024), (4096, 4096)), sys_root=sys_root)
+
+
+# ---- host facts ---------------------------------------------------------------------------
+
+
+def cpu_facts() -> dict[str, Any]:
+    """Model name, vendor, architecture and ISA flags from py-cpuinfo (its cache fields
+    are ignored: see tern.probe_caches)."""
+    import cpuinfo
+
+    info = cpuinfo.get_cpu_info()
+    flags = sorted(info.get("flags", []))
+    return {
+        "cpu_model": info.get("brand_raw") or platform.processor() or platform.machine(),
+        "cpu_vendor": info.get("vendor_id_raw", ""),
+        "arch": info.get("arch", platform.machine()),
+        "isa": {f: f in flags for f in ISA_FLAGS},
+        "cpu_flags": flags,
+    }
+
+
+def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]:
+    import numba
+    import psutil
+
+    facts = run_metadata(threads=max(thread_counts))
+    facts.update(cpu_facts())
+    facts.update({
+        "physical_cores": psutil.cpu_count(logical=False) or topo.physical_cores,
+        "logical_cpus": psutil.cpu_count(logical=True) or topo.logical_cpus,
+        "ram_bytes": int(psutil.virtual_memory().total),
+        "os": platform.platform(),
+        "thread_counts": list(thread_counts),
+        "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
+    })
+    return facts
+
+
+# ---- the probe ----------------------------------------------------------------------------
+
+
+def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None = None,
+              progress: bool = True) -> HostProfile:
+    """Measure this host and return its HostProfile (saved atomically to ``out`` if given)."""
+    import numba
+
+    from . import kernel_bench
+    from .probe_bandwidth import read_kernel_simd, sweep
+
+    config = config or probe_config()
+    t0 = time.perf_counter()
+    topo = read_topology(config.sys_root)
+    caches, source = detect_caches(config.sys_root, topology=topo)
+    sc = config.sweep
+    points = sweep(sc, progress=progress)
+    kernels: list[KernelThroughput] = []
+    if config.kernel_names != ():
+        kernels = kernel_bench.measure_kernels(config.kernel_names, config.kernel_sizes,
+                                               sc.thread_counts, config.kernel_timing, progress)
+    host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1))
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run
+        layer = "none"
+    host.update({
+        "numba_threading_layer": layer,
+        "read_kernel_simd": read_kernel_simd(),
+        "probe_mode": "quick" if config.quick else "full",
+        "sweep": {"min_ws_bytes": sc.min_ws_bytes, "max_ws_bytes": sc.max_ws_bytes,
+                  "points_per_octave": sc.points_per_octave, "min_time_s": sc.timing.min_time_s,
+                  "repeats": sc.timing.repeats, "warmup_s": sc.timing.warmup_s},
+        "probe_wall_s": round(time.perf_counter() - t0, 2),
+    })
+    profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
+                          caches=caches, cache_source=source, bandwidth=tuple(points),
+                          kernels=tuple(kernels))
+    if out is not None:
+        profile.save(out)
+    return profile
+
+
+def quick_profile(out: str | os.PathLike | None = None, progress: bool = True) -> HostProfile:
+    """A quick probe of this machine (what tern.roofline runs when no profile exists)."""
+    return run_probe(probe_config(quick=True), out=out, progress=progress)
+
+
+# ---- plateaus -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plateau:
+    name: str  # "L1", "L2", "L3", "DRAM"
+    threads: int
+    kernel: str
+    gbps: float | None  # median of the per-point medians in the window (None: no points)
+    lo_bytes: int  # the window: working sets in (lo_bytes, hi_bytes]
+    hi_bytes: int | None  # None: unbounded (DRAM)
+    points: int  # curve points inside the window
+
+
+def detect_plateaus(profile: HostProfile, threads: int, kernel: str = "read") -> list[Plateau]:
+    """GB/s on each level of the hierarchy for one curve.
+
+    A level's window holds working sets comfortably inside it: above twice the capacity
+    of the level below and at most half of its own capacity (capacities as the
+    ``threads`` threads see them, one core each: private caches add up, a shared one
+    counts once per instance in use). DRAM is every working set >= 4 x the total
+    last-level cache. When a window is empty, the points between the two capacities are
+    used instead. The plateau is the median of the points' median GB/s."""
+    from .roofline import cache_capacity_bytes, cache_levels
+
+    curve = profile.curve(threads, kernel)
+
+    def window(lo: int, hi: float | None) -> list[float]:
+        return [p.gbps_median for p in curve
+                if p.working_set_bytes > lo and (hi is None or p.working_set_bytes <= hi)]
+
+    out = []
+    prev_cap = 0
+    for c in cache_levels(profile):
+        cap = cache_capacity_bytes(profile, c.level, threads) or c.size_bytes
+        lo, hi = 2 * prev_cap, cap // 2
+        vals = window(lo, hi) if lo < hi else []
+        if not vals:
+            lo, hi = prev_cap, cap
+            vals = window(lo, hi)
+        name = LEVEL_NAMES[c.level - 1] if c.level <= len(LEVEL_NAMES) else f"L{c.level}"
+        out.append(Plateau(name, threads, kernel, statistics.median(vals) if vals else None,
+                           lo, hi, len(vals)))
+        prev_cap = max(prev_cap, cap)
+    llc = profile.llc_bytes or prev_cap
+    lo = 4 * llc
+    vals = [p.gbps_median for p in curve if p.working_set_bytes >= lo]
+    if not vals:
+        lo = 2 * llc
+        vals = [p.gbps_median for p in curve if p.working_set_bytes >= lo]
+    out.append(Plateau("DRAM", threads, kernel, statistics.median(vals) if vals else None,
+                       lo - 1, None, len(vals)))
+    return out
+
+
+def plateau_table(profile: HostProfile, kernel: str = "read") -> dict[int, dict[str, float | None]]:
+    """{threads: {"L1": GB/s, "L2": ..., "DRAM": ...}} for every measured thread count."""
+    return {t: {p.name: p.gbps for p in detect_plateaus(profile, t, kernel)}
+            for t in profile.thread_counts(kernel)}
+
+
+# ---- tables -------------------------------------------------------------------------------
+
+
+def format_cache_table(profile: HostProfile) -> str:
+    lines = [f"caches (source: {profile.cache_source})",
+             f"{'level':<6} {'type':<12} {'size':>10} {'instances':>9} {'shared by':>9} {'total':>10}"]
+    for c in profile.caches:
+        lines.append(f"L{c.level:<5} {c.type:<12} {format_bytes(c.size_bytes):>10} {c.instances:>9} "
+                     f"{c.shared_by:>9} {format_bytes(c.total_bytes):>10}")
+    lines.append("(size per instance; shared by = logical CPUs sharing one instance)")
+    return "\n".join(lines)
+
+
+def format_plateau_table(profile: HostProfile, kernel: str = "read") -> str:
+    names: list[str] = []
+    for t in profile.thread_counts(kernel):
+        for p in detect_plateaus(profile, t, kernel):
+            if p.name not in names:
+                names.append(p.name)
+    lines = [f"{kernel} bandwidth plateaus, GB/s (median of the points inside each level)",
+             f"{'threads':>7} " + " ".join(f"{n:>8}" for n in names)]
+    for t, row in plateau_table(profile, kernel).items():
+        lines.append(f"{t:>7} " + " ".join(
+            f"{row[n]:>8.1f}" if row.get(n) is not None else f"{'-':>8}" for n in names))
+    return "\n".join(lines)
+
+
+def format_kernel_table(profile: HostProfile) -> str:
+    lines = [f"{'kernel':<16} {'threads':>7} {'rows x cols':>12} {'Gops/s':>8} {'best':>8} {'GB/s w':>8}"]
+    for k in profile.kernels:
+        lines.append(f"{k.kernel:<16} {k.threads:>7} {f'{k.rows}x{k.cols}':>12} "
+                     f"{k.gops_median:>8.1f} {k.gops_best:>8.1f} {k.gbps_median:>8.1f}")
+    lines.append("(Gops/s median and best; a multiply-add = 2 ops; GB/s w = weight bytes read per s)")
+    return "\n".join(lines)
+
+
+def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The figures `tern probe --json` prints (see JSON_FIELDS)."""
+    return {
+        "profile_path": str(path) if path is not None else None,
+        "cpu_model": profile.host.get("cpu_model"),
+        "mode": profile.host.get("probe_mode"),
+        "cache_source": profile.cache_source,
+        "caches": [{"level": c.level, "type": c.type, "size_bytes": c.size_bytes,
+                    "instances": c.instances, "shared_by": c.shared_by} for c in profile.caches],
+        "llc_bytes": profile.llc_bytes,
+        "read_kernel_simd": profile.host.get("read_kernel_simd"),
+        "plateaus_gbps": {str(t): row for t, row in plateau_table(profile).items()},
+        "kernels": [{"kernel": k.kernel, "threads": k.threads, "rows": k.rows, "cols": k.cols,
+                     "gops_median": k.gops_median, "gbps_median": k.gbps_median}
+                    for k in profile.kernels],
+        "wall_s": profile.host.get("probe_wall_s"),
+    }
+
+
+# ---- CLI ----------------------------------------------------------------------------------
+
+JSON_FIELDS = """\
+  profile_path: where host_profile.json was saved;  cpu_model;  mode: quick|full
+  cache_source: /sys, getconf, sysctl, default (joined with + when mixed)
+  caches: [{level, type, size_bytes (one instance), instances, shared_by (logical CPUs)}]
+  llc_bytes: total last-level cache;  read_kernel_simd: zmm|ymm|xmm|scalar
+  plateaus_gbps: {threads: {L1, L2, L3, DRAM: read GB/s (1e9 B/s) or null}}
+  kernels: [{kernel, threads, rows, cols, gops_median (multiply-add = 2 ops), gbps_median (weights)}]
+  wall_s: probe wall time in seconds"""
+
+
+def _thread_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--threads wants comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"--threads wants integers >= 1, got {text!r}")
+    return tuple(sorted(set(vals)))
+
+
+def cli_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="fewer points and repeats, 20 ms runs, read kernel only, up to 4x LLC (~20 s)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"where to save the profile (default {DEFAULT_OUT})")
+    p.add_argument("--threads", type=_thread_list, default=None,
+                   help="comma-separated thread counts (default: 1 and all CPUs)")
+    p.add_argument("--kernels", default=None,
+                   help=f"bandwidth kernels, comma-separated from {','.join(KERNELS)} "
+                        "(default: read for --quick, all for full)")
+
+
+def cli_run(args: argparse.Namespace) -> dict[str, Any]:
+    kernels = tuple(k.strip() for k in args.kernels.split(",")) if args.kernels else None
+    if kernels:
+        bad = [k for k in kernels if k not in KERNELS]
+        if bad:
+            raise ValueError(f"unknown bandwidth kernel(s) {bad}; choose from {list(KERNELS)}")
+    cfg = probe_config(quick=args.quick, thread_counts=args.threads, kernels=kernels)
+    print(f"tern probe ({'quick' if args.quick else 'full'}): {cfg.sweep.n_points()} bandwidth points, "
+          f"{format_bytes(cfg.sweep.min_ws_bytes)} .. {format_bytes(cfg.sweep.max_ws_bytes)}, "
+          f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
+    out = Path(args.out)
+    profile = run_probe(cfg, out=out)
+    return probe_summary(profile, out)
+
+
+def cli_render(result: dict[str, Any]) -> str:
+    prof = HostProfile.load(result["profile_path"])
+    parts = [f"{result['cpu_model']} ({result['mode']} probe, {result['wall_s']} s; "
+             f"read kernel uses {result['read_kernel_simd']})",
+             format_cache_table(prof), format_plateau_table(prof), format_kernel_table(prof),
+             f"saved {result['profile_path']}"]
+    return "\n\n".join(parts)
+

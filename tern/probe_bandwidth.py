@@ -1,0 +1,345 @@
+"""Memory bandwidth against working-set size: numba read, copy and triad kernels.
+
+* ``read``  sums an array (8 bytes read per float64): the decode roof, since decoding a
+  token streams weights and writes almost nothing. The sum goes into independent vector
+  accumulators (``fastmath`` lets LLVM reassociate, so the loop vectorizes with several
+  zmm/ymm accumulators instead of one serial add chain).
+* ``copy``  b[i] = a[i]          counted as 16 bytes per element (read a, write b)
+* ``triad`` a[i] = b[i] + q*c[i] counted as 24 bytes per element (read b and c, write a)
+
+Copy and triad are counted the STREAM way: the write-allocate traffic (the cache reads
+the destination line before overwriting it) is NOT counted, so at DRAM sizes their
+figures understate the bytes the memory bus really moves (by 1/2 for copy, 1/3 for triad).
+
+The repetition loop over passes is inside the kernels, and with several threads inside
+each thread's chunk (``prange`` over chunks), so one call does all the timed work and the
+threads never synchronise between passes. Working set = bytes of all arrays the kernel
+touches; GB/s = 1e9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .host_profile import BandwidthPoint
+from .probe_timing import Timing, TimingConfig, timed_runs
+from .records import summarize
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+KERNELS = ("read", "copy", "triad")
+N_ARRAYS = {"read": 1, "copy": 2, "triad": 3}  # float64 arrays touched
+LINE_ELEMS = 8  # float64 per 64-byte cache line: sizes and thread chunks are multiples
+TRIAD_SCALAR = 3.0
+
+
+# ---- kernels ------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _chunk(n, chunks, t):
+    """Bounds of chunk ``t`` of ``chunks`` over n elements, aligned to cache lines."""
+    per = (n // chunks) // LINE_ELEMS * LINE_ELEMS
+    lo = t * per
+    hi = n if t == chunks - 1 else lo + per
+    return lo, hi
+
+
+# The helpers loop from 0 over whole (sliced) arrays: numba then knows the index is not
+# negative and emits no wrap-around select, which would block vectorization.
+
+
+@njit(fastmath=True, cache=True)
+def _sum_passes(a, passes):
+    total = 0.0
+    for _ in range(passes):
+        s = 0.0
+        for i in range(a.shape[0]):  # vectorized: reassociation allowed by fastmath
+            s += a[i]
+        total += s
+    return total
+
+
+@njit(fastmath=True, cache=True)
+def _copy_passes(a, b, passes):
+    for _ in range(passes):
+        for i in range(a.shape[0]):
+            b[i] = a[i]
+
+
+@njit(fastmath=True, cache=True)
+def _triad_passes(a, b, c, q, passes):
+    for _ in range(passes):
+        for i in range(a.shape[0]):
+            a[i] = b[i] + q * c[i]
+
+
+@njit(fastmath=True, cache=True)
+def read_kernel(a, passes):
+    """Sum of ``a`` (n,) f8 over ``passes`` passes (returns passes * sum(a))."""
+    return _sum_passes(a, passes)
+
+
+@njit(fastmath=True, cache=True, parallel=True)
+def read_kernel_parallel(a, passes, chunks):
+    partial = np.zeros(chunks)  # (chunks,)
+    for t in prange(chunks):
+        lo, hi = _chunk(a.shape[0], chunks, t)
+        partial[t] = _sum_passes(a[lo:hi], passes)
+    return partial.sum()
+
+
+@njit(fastmath=True, cache=True)
+def copy_kernel(a, b, passes):
+    """b[:] = a[:] (both (n,) f8), ``passes`` times."""
+    _copy_passes(a, b, passes)
+
+
+@njit(fastmath=True, cache=True, parallel=True)
+def copy_kernel_parallel(a, b, passes, chunks):
+    for t in prange(chunks):
+        lo, hi = _chunk(a.shape[0], chunks, t)
+        _copy_passes(a[lo:hi], b[lo:hi], passes)
+
+
+@njit(fastmath=True, cache=True)
+def triad_kernel(a, b, c, q, passes):
+    """a[:] = b[:] + q * c[:] (all (n,) f8), ``passes`` times."""
+    _triad_passes(a, b, c, q, passes)
+
+
+@njit(fastmath=True, cache=True, parallel=True)
+def triad_kernel_parallel(a, b, c, q, passes, chunks):
+    for t in prange(chunks):
+        lo, hi = _chunk(a.shape[0], chunks, t)
+        _triad_passes(a[lo:hi], b[lo:hi], c[lo:hi], q, passes)
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) every kernel before anything is timed."""
+    a, b, c = np.ones(64), np.ones(64), np.ones(64)
+    read_kernel(a, 1)
+    read_kernel_parallel(a, 1, 2)
+    copy_kernel(a, b, 1)
+    copy_kernel_parallel(a, b, 1, 2)
+    triad_kernel(a, b, c, TRIAD_SCALAR, 1)
+    triad_kernel_parallel(a, b, c, TRIAD_SCALAR, 1, 2)
+
+
+def read_kernel_simd() -> str:
+    """Widest vector register the read loop adds from memory with: 'zmm' (512-bit),
+    'ymm' (256-bit), 'xmm' (128-bit), 'scalar', or 'unknown' (not x86). Compiles an
+    uncached copy of the loop, since numba cannot show the assembly of cached code."""
+    fresh = njit(fastmath=True, cache=False)(_sum_passes.py_func)
+    fresh(np.ones(64), 1)
+    asm = fresh.inspect_asm(fresh.signatures[0])
+    adds = [ln for ln in asm.splitlines() if re.search(r"\bv?addp[sd]\b", ln) and "(" in ln]
+    for reg in ("zmm", "ymm", "xmm"):
+        if any(reg in ln for ln in adds):
+            return reg
+    if re.search(r"\bv?adds[sd]\b", asm):
+        return "scalar"
+    return "unknown"
+
+
+# ---- threads ------------------------------------------------------------------------------
+
+
+def max_threads() -> int:
+    """Threads numba may use (NUMBA_NUM_THREADS, by default the logical CPUs)."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def check_threads(threads: int) -> int:
+    if not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if threads > max_threads():
+        raise ValueError(f"{threads} threads requested but numba may use at most {max_threads()} "
+                         f"(NUMBA_NUM_THREADS / logical CPUs)")
+    return int(threads)
+
+
+@contextmanager
+def numba_threads(threads: int) -> Iterator[None]:
+    """Run the block with numba's thread count set to ``threads``, restoring it after."""
+    check_threads(threads)
+    prev = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
+# ---- buffers ------------------------------------------------------------------------------
+
+
+class SweepBuffers:
+    """One page-aligned, touched float64 buffer of ``max_ws_bytes`` from which every
+    kernel's arrays are cut (so the sweep allocates and page-faults once). Arrays of one
+    kernel start at staggered offsets so their streams do not alias in the caches."""
+
+    def __init__(self, max_ws_bytes: int):
+        if max_ws_bytes < 4 * KIB:
+            raise ValueError(f"max_ws_bytes must be >= 4 KiB, got {max_ws_bytes}")
+        self.max_ws_bytes = int(max_ws_bytes)
+        n = self.max_ws_bytes // 8 + 3 * 64 + 4096  # stagger room
+        raw = np.empty(n + 512, dtype=np.float64)
+        start = (-raw.ctypes.data % 4096) // 8  # page-align the first array
+        self._buf = raw[start:start + n]
+        self._buf.fill(1.0)  # touch every page (zero pages would alias one physical page)
+
+    def max_elements(self, kernel: str) -> int:
+        return (self.max_ws_bytes // (8 * N_ARRAYS[kernel])) // LINE_ELEMS * LINE_ELEMS
+
+    def arrays(self, kernel: str, n: int) -> tuple[np.ndarray, ...]:
+        """``N_ARRAYS[kernel]`` disjoint (n,) f8 views."""
+        if n < LINE_ELEMS or n > self.max_elements(kernel):
+            raise ValueError(f"{n} elements per array does not fit {kernel!r} in a "
+                             f"{self.max_ws_bytes}-byte buffer")
+        k = N_ARRAYS[kernel]
+        slot = self.max_elements(kernel)
+        # stagger by 1 KiB + one line per array so a[i], b[i], c[i] map to different sets
+        return tuple(self._buf[j * (slot + 136):j * (slot + 136) + n] for j in range(k))
+
+
+# ---- one measurement ----------------------------------------------------------------------
+
+
+def elements_for(kernel: str, working_set_bytes: int) -> int:
+    """Elements per array so the kernel's arrays total (about) ``working_set_bytes``."""
+    if kernel not in N_ARRAYS:
+        raise ValueError(f"unknown bandwidth kernel {kernel!r}; choose from {KERNELS}")
+    n = (int(working_set_bytes) // (8 * N_ARRAYS[kernel])) // LINE_ELEMS * LINE_ELEMS
+    return max(n, LINE_ELEMS)
+
+
+def run_passes(kernel: str, arrays: tuple[np.ndarray, ...], threads: int, passes: int) -> float:
+    """Run ``passes`` passes of ``kernel`` over ``arrays`` on ``threads`` threads (the
+    caller sets numba's thread count, see :func:`numba_threads`); returns the read sum
+    (0.0 for copy and triad)."""
+    if kernel == "read":
+        (a,) = arrays
+        return read_kernel(a, passes) if threads == 1 else read_kernel_parallel(a, passes, threads)
+    if kernel == "copy":
+        a, b = arrays
+        copy_kernel(a, b, passes) if threads == 1 else copy_kernel_parallel(a, b, passes, threads)
+        return 0.0
+    if kernel == "triad":
+        a, b, c = arrays
+        if threads == 1:
+            triad_kernel(a, b, c, TRIAD_SCALAR, passes)
+        else:
+            triad_kernel_parallel(a, b, c, TRIAD_SCALAR, passes, threads)
+        return 0.0
+    raise ValueError(f"unknown bandwidth kernel {kernel!r}; choose from {KERNELS}")
+
+
+def measure_point(kernel: str, working_set_bytes: int, threads: int, buffers: SweepBuffers,
+                  timing: TimingConfig, count_hint: int = 1) -> tuple[BandwidthPoint, Timing]:
+    """GB/s of one kernel at one working set on ``threads`` threads (best and median of
+    ``timing.repeats`` runs, each at least ``timing.min_time_s`` long)."""
+    check_threads(threads)
+    n = elements_for(kernel, working_set_bytes)
+    arrays = buffers.arrays(kernel, n)
+    ws = n * 8 * N_ARRAYS[kernel]
+    with numba_threads(threads):
+        t = timed_runs(lambda passes: run_passes(kernel, arrays, threads, passes), timing, count_hint)
+    s = summarize([r / 1e9 for r in t.rates(ws)])  # GB/s per run
+    point = BandwidthPoint(kernel=kernel, threads=threads, working_set_bytes=ws,
+                           gbps_best=s["max"], gbps_median=s["median"], repeats=int(s["repeats"]))
+    return point, t
+
+
+# ---- the sweep ----------------------------------------------------------------------------
+
+
+def working_set_sizes(min_bytes: int, max_bytes: int, points_per_octave: int) -> list[int]:
+    """Sizes 2**(k / points_per_octave) bytes from min to max (both included), rounded to
+    whole cache lines."""
+    if not (4 * KIB <= min_bytes < max_bytes):
+        raise ValueError(f"need 4 KiB <= min_bytes < max_bytes, got {min_bytes}, {max_bytes}")
+    if points_per_octave < 1:
+        raise ValueError(f"points_per_octave must be >= 1, got {points_per_octave}")
+    lo, hi = math.log2(min_bytes), math.log2(max_bytes)
+    steps = math.ceil((hi - lo) * points_per_octave - 1e-9)
+    sizes = [int(round(2 ** (lo + (hi - lo) * k / steps) / 64)) * 64 for k in range(steps + 1)]
+    return sorted(set(sizes))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    min_ws_bytes: int = 4 * KIB
+    max_ws_bytes: int = 512 * MIB
+    points_per_octave: int = 4
+    kernels: tuple[str, ...] = KERNELS
+    thread_counts: tuple[int, ...] = (1,)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def __post_init__(self) -> None:
+        working_set_sizes(self.min_ws_bytes, self.max_ws_bytes, self.points_per_octave)
+        bad = [k for k in self.kernels if k not in KERNELS]
+        if bad or not self.kernels:
+            raise ValueError(f"unknown or no bandwidth kernels {list(self.kernels)}; choose from {KERNELS}")
+        if not self.thread_counts:
+            raise ValueError("thread_counts is empty")
+        for t in self.thread_counts:
+            check_threads(t)
+
+    def sizes(self) -> list[int]:
+        return working_set_sizes(self.min_ws_bytes, self.max_ws_bytes, self.points_per_octave)
+
+    def n_points(self) -> int:
+        return len(self.sizes()) * len(self.kernels) * len(self.thread_counts)
+
+
+def default_max_ws_bytes(llc_bytes: int, quick: bool = False) -> int:
+    """Largest working set: max(4 x LLC, 512 MiB) for a full sweep; 4 x LLC (at least
+    64 MiB, still well past the last-level cache) for a quick one."""
+    llc = max(int(llc_bytes), 1 * MIB)
+    return max(4 * llc, 64 * MIB) if quick else max(4 * llc, 512 * MIB)
+
+
+def sweep(cfg: SweepConfig, progress: bool = True,
+          buffers: SweepBuffers | None = None) -> list[BandwidthPoint]:
+    """Every (kernel, threads, working set) point of ``cfg``, small to large sizes."""
+    from tqdm.auto import tqdm
+
+    sizes = cfg.sizes()
+    compile_kernels()
+    buffers = buffers or SweepBuffers(max(sizes))
+    points: list[BandwidthPoint] = []
+    with tqdm(total=cfg.n_points(), desc="bandwidth", unit="pt", disable=not progress,
+              leave=False) as bar:
+        for kernel in cfg.kernels:
+            for threads in cfg.thread_counts:
+                passes_per_s = 0.0
+                for ws in sizes:
+                    hint = max(1, int(passes_per_s * cfg.timing.warmup_s)) if passes_per_s else 1
+                    p, t = measure_point(kernel, ws, threads, buffers, cfg.timing, hint)
+                    points.append(p)
+                    nxt = sizes[min(sizes.index(ws) + 1, len(sizes) - 1)]
+                    passes_per_s = t.rate_per_count() * p.working_set_bytes / nxt
+                    bar.set_postfix_str(f"{kernel} {threads}T {format_bytes(ws)} "
+                                        f"{p.gbps_median:.0f} GB/s")
+                    bar.update()
+    return points
+
+
+def format_bytes(n: float) -> str:
+    """4096 -> '4 KiB', 1.5 MiB -> '1.5 MiB' (binary units, as cache sizes are quoted)."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
