@@ -6,7 +6,18 @@ import pytest
 
 from tern.engine import kernels_ternary as K
 from tern.engine import packing as P
+from tern.engine import simd
 from tern.engine.quant import quantize_act, quantize_act_checked
+from tern.engine.ternary_variants import VARIANTS, calibrate_kernels, get_variant
+
+
+def _host_isas_list():
+    order = ["avx2", "avx512bw", "avx512vnni"]
+    if simd.ROW_DOT_ISA == "none":
+        return []
+    return order[: order.index(simd.ROW_DOT_ISA) + 1]
+
+
 
 SHAPES = [(1, 1), (1, 300), (3, 5), (7, 64), (5, 255), (4, 256), (9, 257), (33, 700), (17, 1100), (64, 4096)]
 
@@ -95,28 +106,72 @@ def test_extreme_sums_exact():
     assert out.tolist() == [127.0 * cols, -127.0 * cols]
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (300, 7), (257, 40), (1000, 96)])
-def test_skip_kernel_equals_dense(shape):
+SKIP_KERNELS = [K.ternary_matvec_skip, K.ternary_matvec_skip_plain]
+if K.DEFAULT_VARIANT == "simd":
+    SKIP_KERNELS += [K.ternary_matvec_skip_simd, K.ternary_matvec_skip_simd_par]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (300, 7), (257, 40), (1000, 96), (64, 13), (255, 9),
+                                   (600, 70), (513, 33)])
+@pytest.mark.parametrize("p_zero", [0.0, 0.7, 1.0])
+@pytest.mark.parametrize("kernel", SKIP_KERNELS, ids=lambda f: f.__name__)
+def test_skip_kernel_equals_dense(kernel, shape, p_zero):
     rows, cols = shape
-    wt, rs, xq, xs = _problem(rows, cols, seed=rows + cols, p_zero_act=0.7)
+    wt, rs, xq, xs = _problem(rows, cols, seed=rows + cols, p_zero_act=p_zero)
     packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))  # (cols, row_bytes(rows))
-    out = np.empty(rows, dtype=np.float32)
-    K.ternary_matvec_skip(packed_t, rs, xq, xs, out)
+    out = np.full(rows, np.nan, dtype=np.float32)
+    kernel(packed_t, rs, xq, xs, out)
     dense = np.empty(rows, dtype=np.float32)
     K.ternary_matvec(P.pack_ternary2(wt), rs, xq, xs, dense)
     np.testing.assert_allclose(out, dense, rtol=1e-6)
     np.testing.assert_allclose(out, K.reference_matvec(wt, rs, xq, xs), rtol=1e-6)
 
 
-def test_skip_kernel_ignores_weights_of_zero_inputs():
-    wt, rs, xq, xs = _problem(70, 50, seed=5, p_zero_act=0.5)
+@pytest.mark.parametrize("kernel", SKIP_KERNELS, ids=lambda f: f.__name__)
+def test_skip_kernel_ignores_weights_of_zero_inputs(kernel):
+    wt, rs, xq, xs = _problem(300, 50, seed=5, p_zero_act=0.5)
     packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
     garbage = packed_t.copy()
     garbage[xq == 0] = 0xFF  # invalid codes where the input is zero: never read
-    a, b = np.empty(70, np.float32), np.empty(70, np.float32)
-    K.ternary_matvec_skip(packed_t, rs, xq, xs, a)
-    K.ternary_matvec_skip(garbage, rs, xq, xs, b)
+    a, b = np.empty(300, np.float32), np.empty(300, np.float32)
+    kernel(packed_t, rs, xq, xs, a)
+    kernel(garbage, rs, xq, xs, b)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", _host_isas_list() or ["none"])
+@pytest.mark.parametrize("width", [32, 64])
+def test_skip_chunk_every_isa_path(isa, width):
+    if isa == "none":
+        pytest.skip("no x86 SIMD path on this CPU")
+    chunk = simd._make_skip_chunk(isa, width)
+
+    @numba.njit
+    def run(packed_t, idx, qq, g0, g1, off, nvalid, acc):
+        chunk(packed_t, idx, qq, g0, g1, off, nvalid, acc)
+
+    rng = np.random.default_rng(width)
+    for outs, nvalid, off in [(256, width, 0), (600, width, 64), (600, 22, 128), (70, 18, 0)]:
+        wt = rng.integers(-1, 2, size=(outs, 11)).astype(np.int8)  # W (outs, 11 inputs)
+        packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))  # (11, row_bytes(outs))
+        idx = np.array([3, 0, 7, 10, 5, 5, 1, 2], dtype=np.int64)
+        qb = rng.integers(-127, 128, size=8).astype(np.int8)
+        acc = rng.integers(-1000, 1000, size=4 * width).astype(np.int32)
+        expect = acc.astype(np.int64).copy()
+        codes = P.unpack_ternary2(packed_t, outs).astype(np.int64) + 1  # (11, outs) codes
+        g = min(64, packed_t.shape[1] - off)  # bytes of this segment (off is a segment start + h)
+        seg0 = (off // 64) * 64
+        gseg = min(64, packed_t.shape[1] - seg0)
+        for k in range(4):
+            for j in range(nvalid):
+                slot = 4 * seg0 + gseg * k + (off - seg0) + j
+                if slot < outs:
+                    expect[k * width + j] += sum(codes[idx[t], slot] * int(qb[t]) for t in range(8))
+        run(packed_t, idx, qb.view(np.int32), 0, 2, off, nvalid, acc)
+        valid = [k * width + j for k in range(4) for j in range(nvalid)
+                 if 4 * seg0 + gseg * k + (off - seg0) + j < outs]
+        assert g > 0
+        np.testing.assert_array_equal(acc[valid], expect[valid])
 
 
 def test_threads_1_vs_2_identical():
@@ -160,8 +215,6 @@ def test_checked_wrapper_rejects_bad_args():
 
 # ---- every variant of tern.engine.ternary_variants, and every ISA path of tern.engine.simd ----
 
-from tern.engine import simd  # noqa: E402
-from tern.engine.ternary_variants import VARIANTS, calibrate_kernels, get_variant  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -189,14 +242,7 @@ def test_variant_extreme_values_exact():
         assert out.tolist() == [127.0 * cols, -127.0 * cols, 0.0], v.name
 
 
-def _host_isas():
-    order = ["avx2", "avx512bw", "avx512vnni"]
-    if simd.ROW_DOT_ISA == "none":
-        return []
-    return order[: order.index(simd.ROW_DOT_ISA) + 1]
-
-
-@pytest.mark.parametrize("isa", _host_isas() or ["none"])
+@pytest.mark.parametrize("isa", _host_isas_list() or ["none"])
 def test_row_dot_every_isa_path(isa):
     if isa == "none":
         pytest.skip("no x86 SIMD path on this CPU")

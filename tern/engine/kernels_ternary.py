@@ -16,11 +16,13 @@ import numba
 import numpy as np
 from numba import prange
 
-from .simd import ROW_DOT_ISA, row_codes_dot
+from .simd import ROW_DOT_ISA, SKIP_CHUNK_BYTES, row_codes_dot, skip_chunk
 
 SEG_COLS = 256
 SEG_BYTES = 64
 ROW_BLOCK = 16  # rows per parallel work item
+SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
+SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
 
 
 @numba.njit(cache=True)
@@ -140,21 +142,21 @@ def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
 
 
 # ---- activation skip (transposed orientation) -----------------------------------------------
+# Orientation of every skip kernel: ``packed_t`` is W.T packed with pack_ternary2, i.e.
+# (cols, ternary2_row_bytes(rows)) — one packed row per INPUT unit c holding W[:, c];
+# ``row_scale`` (rows,) is the per-output-row scale of the original W; ``xq`` (cols,),
+# ``out`` (rows,). They compute out[d] = row_scale[d] * x_scale * sum_{c: xq[c] != 0} xq[c] * W[d, c]
+# and never read the packed rows of inputs whose xq[c] == 0.
 
 
 @numba.njit(cache=True)
-def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
-    """Matvec that touches only the weights of nonzero inputs.
-
-    Orientation: ``packed_t`` is W.T packed with pack_ternary2, i.e. (cols, row_bytes(rows))
-    — one packed row per INPUT unit c holding W[:, c]; ``row_scale`` (rows,) is the
-    per-output-row scale of the original W; ``xq`` (cols,), ``out`` (rows,).
-    Computes out[d] = row_scale[d] * x_scale * sum_{c: xq[c] != 0} xq[c] * W[d, c].
-    """
+def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel in plain numba (portable): per nonzero input, add its signed weights
+    times xq[c] into int32 accumulators."""
     cols, rb = packed_t.shape
     rows = out.shape[0]
     acc = np.zeros(4 * rb, dtype=np.int32)  # slot order of the ternary2 layout
-    nfull = rb // SEG_BYTES
+    nfull = rows // SEG_COLS
     gtail = rb - nfull * SEG_BYTES
     for c in range(cols):
         qc = np.int32(xq[c])
@@ -172,6 +174,86 @@ def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
                 acc[a0 + 3 * g + j] += (((p >> 6) & 3) - 1) * qc
     for d in range(rows):
         out[d] = row_scale[d] * x_scale * np.float32(acc[d])
+
+
+@numba.njit(cache=True)
+def skip_groups(xq):
+    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32, qsum int32)``;
+    qq packs the 4 activation bytes of a group (padding entries: row 0 with activation 0)."""
+    nz = 0
+    for c in range(xq.shape[0]):
+        if xq[c] != 0:
+            nz += 1
+    ng = (nz + 3) // 4
+    idx = np.zeros(4 * ng, dtype=np.int64)
+    qb = np.zeros(4 * ng, dtype=np.int8)
+    qsum = np.int32(0)
+    i = 0
+    for c in range(xq.shape[0]):
+        if xq[c] != 0:
+            idx[i] = c
+            qb[i] = xq[c]
+            qsum = np.int32(qsum + xq[c])
+            i += 1
+    return idx, qb.view(np.int32), qsum
+
+
+@numba.njit(cache=True, inline="always")
+def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
+    """All nonzero inputs into the outputs of 256-output segments s0 <= seg < s1. Blocks of
+    SKIP_GROUP_BLOCK input groups are the outer loop, so the rows read at a time (a few
+    hundred KB) stay in L2 while every segment uses them."""
+    rows = out.shape[0]
+    nfull = rows // SEG_COLS
+    nch = SEG_BYTES // SKIP_CHUNK_BYTES
+    acc = np.zeros((s1 - s0, nch, 4 * SKIP_CHUNK_BYTES), dtype=np.int32)
+    ng = qq.shape[0]
+    for g0 in range(0, ng, SKIP_GROUP_BLOCK):
+        g1 = min(ng, g0 + SKIP_GROUP_BLOCK)
+        for seg in range(s0, s1):
+            g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
+            for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
+                h0 = h * SKIP_CHUNK_BYTES
+                skip_chunk(packed_t, idx, qq, g0, g1, seg * SEG_BYTES + h0, min(SKIP_CHUNK_BYTES, g - h0),
+                           acc[seg - s0, h])
+    for seg in range(s0, s1):
+        g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
+        for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
+            h0 = h * SKIP_CHUNK_BYTES
+            for k in range(4):
+                for j in range(min(SKIP_CHUNK_BYTES, g - h0)):
+                    d = seg * SEG_COLS + g * k + h0 + j
+                    if d < rows:
+                        v = np.int32(acc[seg - s0, h, k * SKIP_CHUNK_BYTES + j] - qsum)
+                        out[d] = row_scale[d] * x_scale * np.float32(v)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_simd(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel with SIMD (x86): nonzero inputs taken 4 at a time; their code bytes are
+    interleaved so one vpdpbusd adds 4 inputs' contributions to 16 outputs."""
+    idx, qq, qsum = skip_groups(xq)
+    nseg = (packed_t.shape[1] + SEG_BYTES - 1) // SEG_BYTES
+    _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, 0, nseg)
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_skip_simd_par(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel with SIMD, ranges of 256-output segments split over numba threads."""
+    idx, qq, qsum = skip_groups(xq)
+    nseg = (packed_t.shape[1] + SEG_BYTES - 1) // SEG_BYTES
+    for p in prange((nseg + SKIP_PAR_SEGS - 1) // SKIP_PAR_SEGS):
+        _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out,
+                       p * SKIP_PAR_SEGS, min(nseg, (p + 1) * SKIP_PAR_SEGS))
+
+
+_SKIP = ternary_matvec_skip_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_skip_plain
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
+    """Default activation-skip matvec (transposed orientation, see above)."""
+    _SKIP(packed_t, row_scale, xq, x_scale, out)
 
 
 # ---- validation and reference ---------------------------------------------------------------

@@ -217,3 +217,141 @@ def popcount64(typingctx, x):
         return builder.call(fn, [args[0]])
 
     return types.uint64(types.uint64), codegen
+
+
+# ---- activation-skip accumulate (transposed orientation) ------------------------------------
+
+SKIP_CHUNK_BYTES = 32 if ROW_DOT_ISA == "avx2" else 64  # packed bytes one skip_chunk call covers
+
+
+def _interleave4(builder, c, width):
+    """Byte vectors c[0..3] (width bytes, byte j = code of output j for input i) -> width/16
+    vectors whose 4-byte lane i of vector m holds (c0[16m+i], c1[16m+i], c2[16m+i], c3[16m+i])."""
+    vty = ir.VectorType(_I8, width)
+
+    def pairs(a, b, half):  # bytes (a[j], b[j]) for j in half*width/2 ..
+        base = half * width // 2
+        mask = []
+        for j in range(width // 2):
+            mask += [base + j, width + base + j]
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, width), mask))
+
+    p01 = [pairs(c[0], c[1], h) for h in range(2)]  # each: 2-byte pairs of width/2 outputs
+    p23 = [pairs(c[2], c[3], h) for h in range(2)]
+    out = []
+    w16 = ir.VectorType(_I16, width // 2)
+    for m in range(width // 16):
+        h, o = divmod(16 * m, width // 2)  # which pair vector, output offset inside it
+        a = builder.bitcast(p01[h], w16)
+        b = builder.bitcast(p23[h], w16)
+        mask = []
+        for i in range(16):
+            mask += [o + i, width // 2 + o + i]
+        out.append(builder.bitcast(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 32), mask)),
+                                   ir.VectorType(_I8, 64)))
+    del vty
+    return out
+
+
+def _emit_skip_chunk(context, builder, sig, args, isa, width):
+    pk_ty, idx_ty, qq_ty, _, _, _, _, acc_ty = sig.args
+    packed_arg, idx_arg, qq_arg, g0, g1, byte_off, nvalid, acc_arg = args
+    pk = context.make_array(pk_ty)(context, builder, packed_arg)
+    ia = context.make_array(idx_ty)(context, builder, idx_arg)
+    qa = context.make_array(qq_ty)(context, builder, qq_arg)
+    aa = context.make_array(acc_ty)(context, builder, acc_arg)
+    stride0 = cgutils.unpack_tuple(builder, pk.strides)[0]
+    base = builder.gep(builder.bitcast(pk.data, ir.PointerType(_I8)), [byte_off])
+    idx_ptr = builder.bitcast(ia.data, ir.PointerType(_I64))
+    qq_ptr = builder.bitcast(qa.data, ir.PointerType(_I32))
+    acc_ptr = builder.bitcast(aa.data, ir.PointerType(_I32))
+
+    vbytes = ir.VectorType(_I8, width)
+    nm = width // 16  # accumulator vectors per code group k (16 int32 lanes each)
+    accs = []
+    for k in range(4):  # running sums come from acc (k * width + j) and go back there
+        row = []
+        for m in range(nm):
+            ptr = builder.bitcast(builder.gep(acc_ptr, [ir.Constant(_I64, k * width + 16 * m)]),
+                                  ir.PointerType(_V16I32))
+            row.append(cgutils.alloca_once_value(builder, builder.load(ptr, align=4)))
+        accs.append(row)
+    full = builder.icmp_signed(">=", nvalid, ir.Constant(_I64, width))
+
+    with cgutils.for_range(builder, g1, start=g0) as loop:
+        gi = loop.index
+        rows = []
+        for t in range(4):
+            rix = builder.load(builder.gep(idx_ptr, [builder.add(builder.mul(gi, ir.Constant(_I64, 4)),
+                                                                   ir.Constant(_I64, t))]))
+            rows.append(builder.gep(base, [builder.mul(rix, stride0)]))
+        q4 = builder.load(builder.gep(qq_ptr, [gi]))  # 4 activation bytes of this group
+        qv = builder.insert_element(ir.Constant(_V16I32, None), q4, ir.Constant(_I32, 0))
+        qv = builder.shuffle_vector(qv, qv, ir.Constant(_V16I32, [0] * 16))
+        with builder.if_else(full) as (then, otherwise):
+            with then:
+                pv_full = [builder.load(builder.bitcast(p, ir.PointerType(vbytes)), align=1) for p in rows]
+                bb_full = builder.basic_block
+            with otherwise:
+                pv_part = [_masked_load(builder, p, ir.Constant(_I64, 0), vbytes, nvalid) for p in rows]
+                bb_part = builder.basic_block
+        pvs = []
+        for a, b in zip(pv_full, pv_part, strict=True):
+            phi = builder.phi(vbytes)
+            phi.add_incoming(a, bb_full)
+            phi.add_incoming(b, bb_part)
+            pvs.append(phi)
+        for k in range(4):
+            codes = [_codes(builder, pv, k, vbytes) for pv in pvs]
+            for m, inter in enumerate(_interleave4(builder, codes, width)):
+                a = accs[k][m]
+                builder.store(_skip_dot(builder, isa, builder.load(a), inter, qv), a)
+    for k in range(4):
+        for m in range(nm):
+            ptr = builder.gep(acc_ptr, [ir.Constant(_I64, k * width + 16 * m)])
+            builder.store(builder.load(accs[k][m]), builder.bitcast(ptr, ir.PointerType(_V16I32)), align=4)
+    return context.get_dummy_value()
+
+
+def _skip_dot(builder, isa, acc, codes64, q4):
+    """acc (16 int32) += per-lane sum over 4 bytes of codes (u8) * q4 bytes (s8)."""
+    if isa == "avx512vnni":
+        return _dot_step(builder, isa, acc, codes64, builder.bitcast(q4, _V64I8))
+    if isa == "avx512bw":
+        return _dot_step(builder, isa, acc, codes64, builder.bitcast(q4, _V64I8))
+    # avx2: two 256-bit halves
+    lo = ir.Constant(_V8I32, list(range(8)))
+    hi = ir.Constant(_V8I32, list(range(8, 16)))
+    parts = []
+    c32 = builder.bitcast(codes64, _V16I32)
+    for sel in (lo, hi):
+        a8 = builder.shuffle_vector(acc, acc, sel)
+        c8 = builder.bitcast(builder.shuffle_vector(c32, c32, sel), _V32I8)
+        q8 = builder.bitcast(builder.shuffle_vector(q4, q4, sel), _V32I8)
+        parts.append(_dot_step(builder, isa, a8, c8, q8))
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(_V16I32, list(range(16))))
+
+
+def _make_skip_chunk(isa, width):
+    @intrinsic
+    def skip_chunk(typingctx, packed_t, idx, qq, g0, g1, byte_off, nvalid, acc):
+        """acc[k * width + j] += sum over groups g0 <= g < g1 of sum_t code(idx[4g+t], byte_off + j, k)
+        * q_t (j < nvalid <= width; code = w + 1, q_t the bytes of qq[g])."""
+        ok = (isinstance(packed_t, types.Array) and packed_t.ndim == 2 and packed_t.dtype == types.uint8
+              and packed_t.layout == "C"
+              and isinstance(idx, types.Array) and idx.ndim == 1 and idx.dtype == types.int64
+              and isinstance(qq, types.Array) and qq.ndim == 1 and qq.dtype == types.int32
+              and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.int32)
+        if not ok:
+            return None
+        sig = types.none(packed_t, idx, qq, types.int64, types.int64, types.int64, types.int64, acc)
+
+        def codegen(context, builder, signature, args):
+            return _emit_skip_chunk(context, builder, signature, list(args), isa, width)
+
+        return sig, codegen
+
+    return skip_chunk
+
+
+skip_chunk = _make_skip_chunk(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", SKIP_CHUNK_BYTES)
