@@ -185,15 +185,8 @@ def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, An
     from .roofline import predict
 
     p = predict(cfg, host, threads=threads)
-    return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": _bound(p)}
-
-
-def _bound(p: Any) -> str:
-    pools = getattr(p, "pools", None)
-    if not pools:
-        return str(getattr(p, "bound", "?"))
-    worst = max(pools, key=lambda q: getattr(q, "time_s", 0.0))
-    return str(getattr(worst, "bound", "?"))
+    return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
+            "hot_bytes": p.hot_bytes}
 
 
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
