@@ -1,0 +1,132 @@
+"""Granular two-pool MoE (docs/MODEL.md, "MoE layer"): shared experts + routed top-k.
+
+    logits = router.weight @ x;  p = softmax(logits)
+    top = top_k largest p (ties: lower index first);  w = p[top] / sum(p[top])
+    out = sum_s shared_s(x) + sum_j w_j * expert_{top_j}(x)
+
+Dropless: every token reaches all of its k experts. Dispatch sorts the (token, expert)
+assignments by expert and runs one matmul pair per expert on a contiguous slice; the
+input quantization (per token) is shared by all experts. Training adds a Switch-style
+balance loss ``E * sum_e f_e P_e`` (f_e: share of assignments, P_e: mean router
+probability) and the router z-loss ``mean(logsumexp(logits)**2)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .mlp import ZeroStats, gated_ffn
+from .ternary import prepare_input, prepare_weight
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """probs (n, E), top indices (n, k) (ties: lower expert index first), weights (n, k)."""
+    p = torch.softmax(logits, dim=-1)  # (n, E)
+    # a stable descending sort keeps the lower index first among equal probabilities
+    top = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top_k]  # (n, k)
+    pt = p.gather(1, top)  # (n, k)
+    return p, top, pt / pt.sum(-1, keepdim=True)
+
+
+def _pick(prepared: tuple[torch.Tensor, torch.Tensor | None], i: int):
+    w, s = prepared
+    return w[i], (s[i] if s is not None else None)
+
+
+class _Stacked(nn.Module):
+    """Stacked expert tensors: gate (E, H, D), up (E, H, D), down (E, D, H)."""
+
+    def __init__(self, n: int, hidden: int, d_model: int, out_std: float):
+        super().__init__()
+        self.gate = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
+        self.up = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
+        self.down = nn.Parameter(torch.randn(n, d_model, hidden) * out_std)
+
+    def prepared(self, training: bool):
+        gate_up = prepare_weight(torch.cat([self.gate, self.up], 1), training)  # (E, 2H, D)
+        return gate_up, prepare_weight(self.down, training)  # (E, D, H)
+
+
+class _Router(nn.Module):
+    def __init__(self, n: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, d_model) * 0.02)
+
+
+class ExpertLoad:
+    """Assignments per routed expert, accumulated until :meth:`reset` (not in state_dict)."""
+
+    def __init__(self, n_experts: int) -> None:
+        self.n = n_experts
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = torch.zeros(self.n, dtype=torch.long)
+
+    def add(self, top: torch.Tensor) -> None:
+        self.counts += torch.bincount(top.detach().flatten().cpu(), minlength=self.n)
+
+    def summary(self) -> dict:
+        c = self.counts.double()
+        mean = float(c.mean())
+        return {"assignments": int(c.sum()), "max_over_mean": float(c.max()) / mean if mean else None,
+                "min_over_mean": float(c.min()) / mean if mean else None,
+                "dead_experts": int((self.counts == 0).sum()), "counts": self.counts.tolist()}
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, out_std: float = 0.02):
+        super().__init__()
+        D = cfg.d_model
+        self.n_experts, self.top_k, self.hidden = cfg.n_experts, cfg.top_k, cfg.expert_hidden
+        self.n_shared, self.shared_hidden = cfg.n_shared, cfg.shared_hidden
+        self.act, self.eps = cfg.activation, cfg.norm_eps
+        self.router = _Router(cfg.n_experts, D)
+        if cfg.n_shared:
+            self.shared = _Stacked(cfg.n_shared, cfg.shared_hidden, D, out_std)
+        self.experts = _Stacked(cfg.n_experts, cfg.expert_hidden, D, out_std)
+        self.stats = ZeroStats()  # routed experts' hidden units
+        self.shared_stats = ZeroStats()
+        self.load = ExpertLoad(cfg.n_experts)
+        self.aux: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])  # (n, D)
+        n, k, E, tr = x2.shape[0], self.top_k, self.n_experts, self.training
+        logits = x2 @ self.router.weight.t()  # (n, E) fp32
+        p, top, w = route(logits, k)  # (n, E), (n, k), (n, k)
+        self.load.add(top)
+        xin = prepare_input(x2, self.eps, tr)  # shared by every expert
+        out = torch.zeros_like(x2)
+        if self.n_shared:
+            s_gu, s_down = self.shared.prepared(tr)
+            for s in range(self.n_shared):
+                out = out + gated_ffn(xin, _pick(s_gu, s), _pick(s_down, s), self.shared_hidden,
+                                      self.act, self.eps, tr, self.shared_stats)
+        # dispatch: assignments sorted by expert (stable: token order kept inside an expert)
+        flat = top.flatten()  # (n*k,)
+        order = torch.sort(flat, stable=True).indices  # (n*k,)
+        tok = order // k  # token of each sorted assignment
+        counts = torch.bincount(flat, minlength=E).tolist()
+        xs = (xin[0][tok], xin[1][tok] if xin[1] is not None else None)  # (n*k, D) sorted
+        gu, down = self.experts.prepared(tr)
+        ys, start = [], 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            sl = slice(start, start + c)
+            xe = (xs[0][sl], xs[1][sl] if xs[1] is not None else None)
+            ys.append(gated_ffn(xe, _pick(gu, e), _pick(down, e), self.hidden, self.act, self.eps,
+                                tr, self.stats))
+            start += c
+        y_sorted = torch.cat(ys, 0)  # (n*k, D)
+        y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
+        out = out + (w.unsqueeze(-1) * y).sum(1)  # (n, D)
+        if tr:
+            f = torch.bincount(flat, minlength=E).to(p.dtype) / (n * k)  # (E,) share of assignments
+            self.aux = {"balance": E * (f * p.mean(0)).sum(),
+                        "z": torch.logsumexp(logits, dim=-1).square().mean()}
+        return out.view(shape)

@@ -1,0 +1,148 @@
+"""BitLinear: ternary weights with a per-row absmean scale, int8 per-token activations.
+
+Exactly docs/MODEL.md ("BitLinear"). Weights ``W`` (out, in) stay latent fp32 during
+training; the forward pass sees
+
+    s_r = max(mean(|W[r, :]|), 1e-8)                    # (out,)  per output row
+    Wt  = clamp(round(W / s_r), -1, 1)                   # ternary
+    u   = x / sqrt(mean(x**2) + eps)                     # parameter-free RMS norm
+    a   = max(max(|u|), 1e-5)                            # per token
+    q   = clamp(round(u * 127 / a), -127, 127)           # int8
+    y   = s_r * (a / 127) * (q @ Wt.T)
+
+``round`` is round-half-to-even (``torch.round``). Training uses a straight-through
+estimator for both roundings (the gradient of the quantizer is the identity), so the
+latent weights and the normalised input get the gradient of a plain matmul with the
+quantized operands. In eval mode the product is computed literally as an integer dot
+product followed by the two scales, which is what the numba engine does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+WEIGHT_SCALE_MIN = 1e-8
+ACT_SCALE_MIN = 1e-5
+QMAX = 127.0
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Parameter-free RMS normalisation over the last axis: x / sqrt(mean(x**2) + eps)."""
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def weight_ternary(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ternary codes and per-row scales of ``w`` (..., out, in): (Wt (..., out, in), s (..., out, 1))."""
+    s = w.abs().mean(-1, keepdim=True).clamp(min=WEIGHT_SCALE_MIN)  # (..., out, 1)
+    wt = torch.round(w / s).clamp(-1, 1)  # (..., out, in)
+    return wt, s
+
+
+def act_int8(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int8 codes (as float) and per-token scales of ``u`` (..., in): (q (..., in), a (..., 1))."""
+    a = u.abs().amax(-1, keepdim=True).clamp(min=ACT_SCALE_MIN)  # (..., 1)
+    q = torch.round(u * QMAX / a).clamp(-QMAX, QMAX)  # (..., in)
+    return q, a
+
+
+class _STEWeight(torch.autograd.Function):
+    """Forward: Wt * s (dequantized ternary weight); backward: identity (STE)."""
+
+    @staticmethod
+    def forward(ctx, w):  # noqa: D102
+        wt, s = weight_ternary(w)
+        return wt * s
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        return g
+
+
+class _STEAct(torch.autograd.Function):
+    """Forward: q * a / 127 (dequantized int8 activation); backward: identity (STE)."""
+
+    @staticmethod
+    def forward(ctx, u):  # noqa: D102
+        q, a = act_int8(u)
+        return q * (a / QMAX)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        return g
+
+
+def quant_weight(w: torch.Tensor) -> torch.Tensor:
+    """Dequantized ternary weight with a straight-through gradient."""
+    return _STEWeight.apply(w)
+
+
+def quant_input(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS-normalised, int8-quantized (dequantized) input; straight-through rounding,
+    the RMS normalisation is differentiated exactly."""
+    return _STEAct.apply(rms_normalize(x, eps))
+
+
+def prepare_input(x: torch.Tensor, eps: float, training: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The quantized input of a BitLinear, computed once and shared by every matrix that
+    reads the same x (gate and up, all experts of a layer).
+
+    training: (dequantized q * a / 127 with STE, None); eval: (q (..., in) integer codes
+    as float, a (..., 1)). Rows can be gathered (MoE dispatch) before :func:`qmatmul`."""
+    if training:
+        return quant_input(x, eps), None
+    return act_int8(rms_normalize(x, eps))
+
+
+def prepare_weight(w: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """training: (dequantized Wt * s with STE, None); eval: (Wt, s (..., out, 1))."""
+    if training:
+        return quant_weight(w), None
+    return weight_ternary(w)
+
+
+def qmatmul(xin: tuple[torch.Tensor, torch.Tensor | None],
+            win: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    """BitLinear product of a prepared input (..., in) and a prepared weight (out, in).
+
+    Eval computes the literal inference form: an integer dot product, then the two scales
+    ``s_r * (a / 127) * acc`` (exact in fp32 while in * 127 < 2**24)."""
+    x, a = xin
+    w, s = win
+    acc = x @ w.transpose(-1, -2)  # (..., out)
+    if a is None:
+        return acc
+    return s.squeeze(-1) * (a / QMAX) * acc
+
+
+def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool) -> torch.Tensor:
+    """y = BitLinear(x; w): x (..., in), w (out, in) -> (..., out)."""
+    return qmatmul(prepare_input(x, eps, training), prepare_weight(w, training))
+
+
+class BitLinear(nn.Module):
+    """A bias-free ternary linear layer (state_dict key: ``weight`` (out, in))."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float, init_std: float = 0.02):
+        super().__init__()
+        self.in_features, self.out_features, self.eps = in_features, out_features, eps
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        nn.init.normal_(self.weight, std=init_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        return bitlinear(x, self.weight, self.eps, self.training)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, ternary, int8 act"
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x; g) = x / sqrt(mean(x**2) + eps) * g (state_dict key: ``weight`` (D,))."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D)
+        return rms_normalize(x, self.eps) * self.weight
