@@ -20,16 +20,18 @@ The default (``kernels_ternary.DEFAULT_VARIANT``) follows a documented rule — 
 the CPU has AVX2 or AVX-512, else "unpack" — because only those two read the stored layout
 directly; :func:`calibrate_kernels` measures all variants on this host and records which
 was fastest, so the rule can be checked (and the probe can store the figures).
+Importing this module registers every variant with tern.kernel_bench as ``ternary_<name>``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernel_bench import measure_kernel, register_kernel
+from ..probe_timing import TimingConfig
 from . import kernels_bitplane as kb
 from . import kernels_lut as kl
 from . import kernels_ternary as kt
@@ -85,29 +87,36 @@ def random_problem(rows: int, cols: int, seed: int = 0):
     return packed, row_scale, xq, np.float32(0.01)
 
 
-def calibrate_kernels(rows: int = 2048, cols: int = 4096, repeats: int = 5,
-                      min_time_s: float = 0.02) -> dict:
-    """Time every variant single-threaded on a (rows, cols) L2/L3-resident matrix (well under
-    a second in total) and remember the result. Returns ``{"gops_per_s": {name: median G ops/s},
-    "fastest": name, "default": kernels_ternary.DEFAULT_VARIANT, "rows", "cols"}``."""
-    global _CALIBRATION
-    packed, rs, xq, xs = random_problem(rows, cols)
-    out = np.empty(rows, dtype=np.float32)
-    gops = {}
-    for name, v in VARIANTS.items():
+def _bench_setup(name: str):
+    """tern.kernel_bench setup for variant ``name``: weight bytes = layout + row scales."""
+
+    def setup(rows: int, cols: int, threads: int, rng: np.random.Generator):
+        packed, rs, xq, xs = random_problem(rows, cols, seed=int(rng.integers(2**31)))
+        v = VARIANTS[name]
         layout = v.prepare(packed, cols)
-        v.matvec(layout, rs, xq, xs, out)  # compile / load from cache, warm caches
-        samples = []
-        for _ in range(repeats):
-            n, t0 = 0, time.perf_counter()
-            while True:
-                v.matvec(layout, rs, xq, xs, out)
-                n += 1
-                dt = time.perf_counter() - t0
-                if dt >= min_time_s:
-                    break
-            samples.append(2.0 * rows * cols * n / dt / 1e9)
-        gops[name] = float(np.median(samples))
+        del packed
+        out = np.empty(rows, dtype=np.float32)  # (rows,)
+        fn = v.matvec if threads == 1 else v.matvec_par
+        return (lambda: fn(layout, rs, xq, xs, out)), layout.nbytes + rs.nbytes, 2 * rows * cols
+
+    return setup
+
+
+KERNEL_NAMES = {name: f"ternary_{name}" for name in VARIANTS}  # names in tern.kernel_bench
+for _name in VARIANTS:
+    register_kernel(KERNEL_NAMES[_name], _bench_setup(_name), replace=True)
+
+
+def calibrate_kernels(rows: int = 2048, cols: int = 4096, repeats: int = 3,
+                      min_time_s: float = 0.02) -> dict:
+    """Time every variant single-threaded on a (rows, cols) cache-resident matrix with
+    tern.kernel_bench (about a second in total) and remember the result. Returns
+    ``{"gops_per_s": {name: median G ops/s}, "fastest": name,
+    "default": kernels_ternary.DEFAULT_VARIANT, "rows": rows, "cols": cols}``."""
+    global _CALIBRATION
+    timing = TimingConfig(min_time_s=min_time_s, repeats=repeats, warmup_s=min_time_s / 2)
+    gops = {name: measure_kernel(KERNEL_NAMES[name], rows, cols, 1, timing).gops_median
+            for name in VARIANTS}
     _CALIBRATION = {"gops_per_s": gops, "fastest": max(gops, key=gops.get),
                     "default": kt.DEFAULT_VARIANT, "rows": rows, "cols": cols}
     return dict(_CALIBRATION)

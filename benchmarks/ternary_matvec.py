@@ -1,0 +1,181 @@
+"""Ternary matvec kernel table: every variant, the fp32 / int8 baselines, shapes, threads.
+
+    .venv/bin/python benchmarks/ternary_matvec.py            # full table (a few minutes)
+    .venv/bin/python benchmarks/ternary_matvec.py --quick    # small shapes, short timings
+
+Rows (JSONL, appended to results/bench/kernels.jsonl by default) carry
+tern.records.run_metadata, the kernel, shape, threads, weight bytes per call and the
+summaries (tern.records.summarize: repeats, median, min, max, iqr, spread_rel) of
+``gops_per_s`` (2 ops per weight: multiply + add) and ``gbps`` (weight bytes read per
+second, 1e9 bytes). Sections:
+
+* ``compute``: every registered ternary variant + fp32_matvec + int8_matvec on
+  (14336, 4096) and (4096, 14336) — cache-resident for the ternary layouts (~14.7 MB);
+* ``skip``: the activation-skip kernel (transposed down projection of a 4096 x 14336
+  matrix) at several fractions of nonzero inputs, ops counted dense-equivalent;
+* ``dram``: the stored-layout kernels on a >= 256 MiB packed matrix next to the probe's
+  read-bandwidth kernel at the same working set (``pct_of_read_gbps``).
+
+Timing: tern.probe_timing.timed_runs (warm-up, >= min_time_s per run, >= 5 repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from tern import kernel_bench
+from tern.engine import kernels_ternary as kt
+from tern.engine import ternary_variants as tv
+from tern.engine.packing import random_ternary2
+from tern.probe_bandwidth import SweepBuffers, check_threads, measure_point, numba_threads
+from tern.probe_timing import TimingConfig, timed_runs
+from tern.records import append_jsonl, run_metadata, summarize
+
+COMPUTE_SHAPES = ((14336, 4096), (4096, 14336))
+QUICK_SHAPES = ((4096, 4096),)
+SKIP_SHAPE = (4096, 14336)  # (D outputs, H inputs) of a down projection
+SKIP_NONZERO = (1.0, 0.5, 0.25, 0.1)
+DRAM_MIN_BYTES = 256 * 2**20
+BASELINES = ("fp32_matvec", "int8_matvec")
+
+
+def _time_call(call, weight_bytes: int, ops: int, timing: TimingConfig) -> dict:
+    call()  # compile / load from cache
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            call()
+
+    t = timed_runs(run, timing)
+    calls_per_s = t.rates(1.0)
+    return {"gops_per_s": summarize([c * ops / 1e9 for c in calls_per_s]),
+            "gbps": summarize([c * weight_bytes / 1e9 for c in calls_per_s]),
+            "us_per_call": summarize([1e6 / c for c in calls_per_s]),
+            "weight_bytes": int(weight_bytes), "ops_per_call": int(ops)}
+
+
+def measure(kernel: str, rows: int, cols: int, threads: int, timing: TimingConfig, section: str,
+            seed: int = 0) -> dict:
+    """One row: a tern.kernel_bench kernel at one shape and thread count."""
+    setup = kernel_bench.get_setup(kernel)
+    with numba_threads(threads):
+        call, wb, ops = setup(rows, cols, threads, np.random.default_rng(seed))
+        res = _time_call(call, wb, ops, timing)
+    return {"section": section, "kernel": kernel, "rows": rows, "cols": cols, **res}
+
+
+def measure_skip(nonzero: float, threads: int, timing: TimingConfig, seed: int = 0) -> dict:
+    """The skip kernel on a transposed (H, D/4) down projection; ops dense-equivalent."""
+    d, h = SKIP_SHAPE
+    rng = np.random.default_rng(seed)
+    packed_t = random_ternary2(h, d, seed=seed)  # (H, ceil(D/4)) = W.T
+    rs = rng.random(d, dtype=np.float32) + np.float32(0.5)  # (D,)
+    xq = rng.integers(-127, 128, size=h, dtype=np.int8)  # (H,)
+    xq[rng.random(h) >= nonzero] = 0
+    out = np.empty(d, dtype=np.float32)
+    fn = kt.ternary_matvec_skip if threads == 1 else kt.ternary_matvec_skip_simd_par
+    if threads > 1 and kt.DEFAULT_VARIANT != "simd":
+        raise ValueError("the parallel skip kernel needs the simd variant")
+    with numba_threads(threads):
+        res = _time_call(lambda: fn(packed_t, rs, xq, np.float32(0.01), out),
+                         int(np.count_nonzero(xq)) * packed_t.shape[1] + rs.nbytes, 2 * d * h, timing)
+    return {"section": "skip", "kernel": "ternary_skip", "rows": d, "cols": h,
+            "nonzero_frac": float(np.count_nonzero(xq) / h), **res}
+
+
+def dram_shape(min_bytes: int) -> tuple[int, int]:
+    """A square-ish (rows, cols) whose ternary2 payload is at least ``min_bytes``."""
+    side = 256 * math.ceil(math.sqrt(4 * min_bytes) / 256)
+    return side, side
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    threads = [check_threads(int(t)) for t in args.threads.split(",")]
+    timing = TimingConfig(min_time_s=args.min_time_s, repeats=args.repeats, warmup_s=args.min_time_s / 2)
+    variants = [f"ternary_{v}" for v in tv.VARIANTS]
+    shapes = QUICK_SHAPES if args.quick else COMPUTE_SHAPES
+    jobs = [("compute", k, r, c, t) for (r, c) in shapes for k in variants + list(BASELINES) for t in threads]
+    if not args.no_skip:
+        fracs = SKIP_NONZERO[1:3] if args.quick else SKIP_NONZERO
+        jobs += [("skip", f, 0, 0, t) for f in fracs for t in threads]
+    if not args.no_dram:
+        r, c = dram_shape(args.dram_bytes)
+        jobs += [("dram", k, r, c, t) for t in threads for k in ("read", "ternary_simd", "ternary_unpack")
+                 if k in ("read", *variants)]
+    meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "bench": "ternary_matvec",
+            "default_variant": kt.DEFAULT_VARIANT}
+    rows_out: list[dict] = []
+    buffers = None
+    read_gbps: dict[int, float] = {}
+    for section, k, r, c, t in tqdm(jobs, desc="kernels", unit="row", file=sys.stderr):
+        if section == "skip":
+            row = measure_skip(k, t, timing)
+        elif section == "dram" and k == "read":
+            ws = r * ((c + 3) // 4)
+            buffers = buffers or SweepBuffers(ws)
+            point, _ = measure_point("read", ws, t, buffers, timing)
+            row = {"section": "dram", "kernel": "read_bandwidth", "rows": r, "cols": c,
+                   "working_set_bytes": point.working_set_bytes, "gbps_best": point.gbps_best,
+                   "gbps": {"median": point.gbps_median, "repeats": timing.repeats}}
+            read_gbps[t] = point.gbps_median
+        else:
+            row = measure(k, r, c, t, timing, section)
+            if section == "dram" and t in read_gbps:
+                row["pct_of_read_gbps"] = 100.0 * row["gbps"]["median"] / read_gbps[t]
+        row = {**run_metadata(t), **meta, **row}
+        rows_out.append(row)
+        if args.out:
+            append_jsonl(args.out, row)
+    return rows_out
+
+
+def render(rows: list[dict]) -> str:
+    head = f"{'section':8s} {'kernel':16s} {'shape':>13s} {'thr':>3s} {'Gops/s':>8s} {'GB/s':>7s} " \
+           f"{'us/call':>9s} {'spread':>7s} {'note':s}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        g = r.get("gops_per_s", {}).get("median", float("nan"))
+        spread = r.get("gops_per_s", {}).get("spread_rel", float("nan"))
+        us = r.get("us_per_call", {}).get("median", float("nan"))
+        note = ""
+        if "nonzero_frac" in r:
+            note = f"nonzero {r['nonzero_frac']:.2f} (ops dense-equivalent)"
+        if "pct_of_read_gbps" in r:
+            note = f"{r['pct_of_read_gbps']:.0f}% of read bandwidth ({r['threads']} thr)"
+        if r["kernel"] == "read_bandwidth":
+            note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
+        lines.append(f"{r['section']:8s} {r['kernel']:16s} {r['rows']:>6d}x{r['cols']:<6d} {r['threads']:>3d} "
+                     f"{g:8.1f} {r['gbps']['median']:7.2f} {us:9.1f} {spread:7.2f} {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one small shape, short timings, no DRAM section")
+    p.add_argument("--out", default="results/bench/kernels.jsonl", help="JSONL file rows are appended to ('' = none)")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per row (default 5)")
+    p.add_argument("--min-time-s", type=float, default=None, help="seconds per timed run (default 0.1, quick 0.02)")
+    p.add_argument("--dram-bytes", type=int, default=DRAM_MIN_BYTES, help="min packed bytes of the DRAM matrix")
+    p.add_argument("--no-dram", action="store_true", help="skip the DRAM section")
+    p.add_argument("--no-skip", action="store_true", help="skip the activation-skip section")
+    args = p.parse_args(argv)
+    args.repeats = args.repeats or 5
+    args.min_time_s = args.min_time_s or (0.02 if args.quick else 0.1)
+    if args.quick:
+        args.no_dram = True
+    rows = run(args)
+    print(render(rows))
+    if args.out:
+        print(f"rows appended to {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
