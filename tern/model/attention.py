@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .ternary import BitLinear
+from .ternary import BitLinear, is_ternary
 
 
 def window_mask(n_q: int, n_k: int, window: int, offset: int = 0, device=None) -> torch.Tensor:
@@ -29,8 +29,9 @@ class SlidingWindowAttention(nn.Module):
         super().__init__()
         D = cfg.d_model
         self.n_heads, self.head_dim, self.window = cfg.n_heads, cfg.head_dim, cfg.attn_window
-        self.qkv = BitLinear(D, 3 * D, cfg.norm_eps)
-        self.out_proj = BitLinear(D, D, cfg.norm_eps, init_std=out_std)
+        tern = is_ternary(cfg.mixer_format)
+        self.qkv = BitLinear(D, 3 * D, cfg.norm_eps, ternary=tern)
+        self.out_proj = BitLinear(D, D, cfg.norm_eps, init_std=out_std, ternary=tern)
 
     def _attend(self, q, k, v, mask):
         # q (B, H, Tq, hd), k/v (B, H, Tk, hd), mask (Tq, Tk) or (B, 1, 1, Tk) bool

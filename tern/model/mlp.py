@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from .ternary import prepare_input, prepare_weight, qmatmul
+from .ternary import is_ternary, prepare_input, prepare_weight, qmatmul
 
 
 def activation(name: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -46,7 +46,7 @@ class ZeroStats:
 
 
 def gated_ffn(xin, gate_up, down, hidden: int, act: str, eps: float, training: bool,
-              stats: ZeroStats | None = None) -> torch.Tensor:
+              ternary: bool, stats: ZeroStats | None = None) -> torch.Tensor:
     """One gated MLP on a prepared input: xin (n, D), gate_up (2H, D) (gate rows then up
     rows; per-row scales make the concatenation exact) and down (D, H), all prepared by
     ``ternary.prepare_*``. Returns (n, D)."""
@@ -54,7 +54,7 @@ def gated_ffn(xin, gate_up, down, hidden: int, act: str, eps: float, training: b
     h = activation(act, gu[:, :hidden], gu[:, hidden:])  # (n, H)
     if stats is not None:
         stats.add(h)
-    return qmatmul(prepare_input(h, eps, training), down)  # (n, D)
+    return qmatmul(prepare_input(h, eps, training, ternary), down)  # (n, D)
 
 
 class _GateUpDown(nn.Module):
@@ -73,14 +73,16 @@ class GatedMLP(_GateUpDown):
     def __init__(self, cfg: ModelConfig, out_std: float = 0.02):
         super().__init__(cfg.mlp_hidden, cfg.d_model, out_std)
         self.hidden, self.act, self.eps = cfg.mlp_hidden, cfg.activation, cfg.norm_eps
+        self.ternary = is_ternary(cfg.mlp_format)
         self.stats = ZeroStats()
         self.aux: dict[str, torch.Tensor] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (n, D)
-        tr = self.training
-        gate_up = prepare_weight(torch.cat([self.gate.weight, self.up.weight], 0), tr)  # (2H, D)
-        out = gated_ffn(prepare_input(x2, self.eps, tr), gate_up, prepare_weight(self.down.weight, tr), self.hidden,
-                        self.act, self.eps, tr, self.stats)
+        tr, tern = self.training, self.ternary
+        gate_up = prepare_weight(torch.cat([self.gate.weight, self.up.weight], 0), tr, tern)  # (2H, D)
+        out = gated_ffn(prepare_input(x2, self.eps, tr, tern), gate_up,
+                        prepare_weight(self.down.weight, tr, tern), self.hidden, self.act, self.eps,
+                        tr, tern, self.stats)
         return out.view(shape)

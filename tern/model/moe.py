@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .mlp import ZeroStats, gated_ffn
-from .ternary import prepare_input, prepare_weight
+from .ternary import is_ternary, prepare_input, prepare_weight
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -38,15 +38,16 @@ def _pick(prepared: tuple[torch.Tensor, torch.Tensor | None], i: int):
 class _Stacked(nn.Module):
     """Stacked expert tensors: gate (E, H, D), up (E, H, D), down (E, D, H)."""
 
-    def __init__(self, n: int, hidden: int, d_model: int, out_std: float):
+    def __init__(self, n: int, hidden: int, d_model: int, out_std: float, ternary: bool):
         super().__init__()
+        self.ternary = ternary
         self.gate = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
         self.up = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
         self.down = nn.Parameter(torch.randn(n, d_model, hidden) * out_std)
 
     def prepared(self, training: bool):
-        gate_up = prepare_weight(torch.cat([self.gate, self.up], 1), training)  # (E, 2H, D)
-        return gate_up, prepare_weight(self.down, training)  # (E, D, H)
+        gate_up = prepare_weight(torch.cat([self.gate, self.up], 1), training, self.ternary)  # (E, 2H, D)
+        return gate_up, prepare_weight(self.down, training, self.ternary)  # (E, D, H)
 
 
 class _Router(nn.Module):
@@ -85,8 +86,8 @@ class MoE(nn.Module):
         self.act, self.eps = cfg.activation, cfg.norm_eps
         self.router = _Router(cfg.n_experts, D)
         if cfg.n_shared:
-            self.shared = _Stacked(cfg.n_shared, cfg.shared_hidden, D, out_std)
-        self.experts = _Stacked(cfg.n_experts, cfg.expert_hidden, D, out_std)
+            self.shared = _Stacked(cfg.n_shared, cfg.shared_hidden, D, out_std, is_ternary(cfg.mlp_format))
+        self.experts = _Stacked(cfg.n_experts, cfg.expert_hidden, D, out_std, is_ternary(cfg.expert_format))
         self.stats = ZeroStats()  # routed experts' hidden units
         self.shared_stats = ZeroStats()
         self.load = ExpertLoad(cfg.n_experts)
@@ -99,13 +100,16 @@ class MoE(nn.Module):
         logits = x2 @ self.router.weight.t()  # (n, E) fp32
         p, top, w = route(logits, k)  # (n, E), (n, k), (n, k)
         self.load.add(top)
-        xin = prepare_input(x2, self.eps, tr)  # shared by every expert
+        et = self.experts.ternary
+        xin = prepare_input(x2, self.eps, tr, et)  # shared by every routed expert
         out = torch.zeros_like(x2)
         if self.n_shared:
+            st = self.shared.ternary
+            s_in = xin if st == et else prepare_input(x2, self.eps, tr, st)
             s_gu, s_down = self.shared.prepared(tr)
             for s in range(self.n_shared):
-                out = out + gated_ffn(xin, _pick(s_gu, s), _pick(s_down, s), self.shared_hidden,
-                                      self.act, self.eps, tr, self.shared_stats)
+                out = out + gated_ffn(s_in, _pick(s_gu, s), _pick(s_down, s), self.shared_hidden,
+                                      self.act, self.eps, tr, st, self.shared_stats)
         # dispatch: assignments sorted by expert (stable: token order kept inside an expert)
         flat = top.flatten()  # (n*k,)
         order = torch.sort(flat, stable=True).indices  # (n*k,)
@@ -120,7 +124,7 @@ class MoE(nn.Module):
             sl = slice(start, start + c)
             xe = (xs[0][sl], xs[1][sl] if xs[1] is not None else None)
             ys.append(gated_ffn(xe, _pick(gu, e), _pick(down, e), self.hidden, self.act, self.eps,
-                                tr, self.stats))
+                                tr, et, self.stats))
             start += c
         y_sorted = torch.cat(ys, 0)  # (n*k, D)
         y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .scan import selective_scan
-from .ternary import BitLinear
+from .ternary import BitLinear, is_ternary
 
 
 class _Conv(nn.Module):
@@ -47,14 +47,14 @@ class SSMMixer(nn.Module):
         super().__init__()
         D, Di, N, R, K = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank_eff, cfg.d_conv
         self.d_inner, self.d_state, self.dt_rank, self.d_conv = Di, N, R, K
-        eps = cfg.norm_eps
-        self.in_proj = BitLinear(D, 2 * Di, eps)
+        eps, tern = cfg.norm_eps, is_ternary(cfg.mixer_format)
+        self.in_proj = BitLinear(D, 2 * Di, eps, ternary=tern)
         self.conv = _Conv(Di, K)
-        self.x_proj = BitLinear(Di, R + 2 * N, eps)
+        self.x_proj = BitLinear(Di, R + 2 * N, eps, ternary=tern)
         self.dt_proj = _DtProj(R, Di)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(Di, 1))
         self.D = nn.Parameter(torch.ones(Di))
-        self.out_proj = BitLinear(Di, D, eps, init_std=out_std)
+        self.out_proj = BitLinear(Di, D, eps, init_std=out_std, ternary=tern)
         self.scan_impl = "auto"
 
     def _proj(self, uc: torch.Tensor):

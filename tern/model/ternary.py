@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..formats import get_format
+
 WEIGHT_SCALE_MIN = 1e-8
 ACT_SCALE_MIN = 1e-5
 QMAX = 127.0
@@ -83,19 +85,27 @@ def quant_input(x: torch.Tensor, eps: float) -> torch.Tensor:
     return _STEAct.apply(rms_normalize(x, eps))
 
 
-def prepare_input(x: torch.Tensor, eps: float, training: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prepare_input(x: torch.Tensor, eps: float, training: bool,
+                  ternary: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The quantized input of a BitLinear, computed once and shared by every matrix that
     reads the same x (gate and up, all experts of a layer).
 
     training: (dequantized q * a / 127 with STE, None); eval: (q (..., in) integer codes
-    as float, a (..., 1)). Rows can be gathered (MoE dispatch) before :func:`qmatmul`."""
+    as float, a (..., 1)); ``ternary=False`` (a full-precision group format): (x, None).
+    Rows can be gathered (MoE dispatch) before :func:`qmatmul`."""
+    if not ternary:
+        return x, None
     if training:
         return quant_input(x, eps), None
     return act_int8(rms_normalize(x, eps))
 
 
-def prepare_weight(w: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """training: (dequantized Wt * s with STE, None); eval: (Wt, s (..., out, 1))."""
+def prepare_weight(w: torch.Tensor, training: bool,
+                   ternary: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """training: (dequantized Wt * s with STE, None); eval: (Wt, s (..., out, 1));
+    ``ternary=False``: (w, None), a plain full-precision matrix."""
+    if not ternary:
+        return w, None
     if training:
         return quant_weight(w), None
     return weight_ternary(w)
@@ -115,25 +125,37 @@ def qmatmul(xin: tuple[torch.Tensor, torch.Tensor | None],
     return s.squeeze(-1) * (a / QMAX) * acc
 
 
-def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool) -> torch.Tensor:
-    """y = BitLinear(x; w): x (..., in), w (out, in) -> (..., out)."""
-    return qmatmul(prepare_input(x, eps, training), prepare_weight(w, training))
+def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool,
+              ternary: bool = True) -> torch.Tensor:
+    """y = BitLinear(x; w): x (..., in), w (out, in) -> (..., out); with ``ternary=False``
+    a plain full-precision product x @ w.T."""
+    return qmatmul(prepare_input(x, eps, training, ternary), prepare_weight(w, training, ternary))
+
+
+def is_ternary(fmt: str) -> bool:
+    """Whether a weight format (tern.formats) makes its group's matrices BitLinear; other
+    formats (fp32, fp16, bf16, int8, q4) train as full-precision matrices."""
+    return get_format(fmt).ternary
 
 
 class BitLinear(nn.Module):
-    """A bias-free ternary linear layer (state_dict key: ``weight`` (out, in))."""
+    """A bias-free ternary linear layer (state_dict key: ``weight`` (out, in)); with
+    ``ternary=False`` a plain full-precision one (for non-ternary group formats)."""
 
-    def __init__(self, in_features: int, out_features: int, eps: float, init_std: float = 0.02):
+    def __init__(self, in_features: int, out_features: int, eps: float, init_std: float = 0.02,
+                 ternary: bool = True):
         super().__init__()
         self.in_features, self.out_features, self.eps = in_features, out_features, eps
+        self.ternary = ternary
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.normal_(self.weight, std=init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        return bitlinear(x, self.weight, self.eps, self.training)
+        return bitlinear(x, self.weight, self.eps, self.training, self.ternary)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, ternary, int8 act"
+        kind = "ternary, int8 act" if self.ternary else "full precision"
+        return f"in={self.in_features}, out={self.out_features}, {kind}"
 
 
 class RMSNorm(nn.Module):
