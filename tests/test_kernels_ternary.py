@@ -269,3 +269,21 @@ def test_calibrate_kernels_reports_every_variant():
     assert res["fastest"] in VARIANTS and res["default"] == K.DEFAULT_VARIANT
     with pytest.raises(ValueError, match="unknown ternary variant"):
         get_variant("nope")
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (65, 300), (130, 1000)])
+def test_lut_plain_and_blocked_layout(shape):
+    from tern.engine import kernels_lut as L
+
+    wt, rs, xq, xs = _problem(*shape, seed=7 * sum(shape))
+    packed = P.pack_ternary2(wt)
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for f in (L.ternary_matvec_lut_plain, L.ternary_matvec_lut_plain_par):
+        out = np.empty(shape[0], dtype=np.float32)
+        f(L.to_lut81(packed, shape[1]), rs, xq, xs, out)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)
+    blocked = L.to_lut81_blocked(packed, shape[1])  # (blocks, groups, 64)
+    assert blocked.shape == (-(-shape[0] // 64), -(-shape[1] // 4), 64)
+    np.testing.assert_array_equal(blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[: shape[0]],
+                                  L.to_lut81(packed, shape[1]))
+    assert (blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[shape[0]:] == L.CODE_ZERO4).all()

@@ -1,13 +1,19 @@
 """Ternary matvec variant "lut": T-MAC-style look-up tables over groups of 4 activations.
 
-Layout (derived from ternary2 by :func:`to_lut81`, e.g. at load time): ``codes``
-(rows, ceil(cols / 4)) uint8, byte ``g`` = ``sum_k (W[r, 4g + k] + 1) * 3**k`` in 0..80
-(missing weights count as 0) — still 2 bits per weight.
+Group code of 4 weights: ``sum_k (W[r, 4g + k] + 1) * 3**k`` in 0..80 (missing weights
+count as 0; 8 bits per 4 weights — still 2 bits per weight). Per matvec the activations
+give one table per group: ``T[g, i] = sum_k t_k(i) * q[4g+k]`` (int16, 81 entries,
+t_k(i) the k-th base-3 digit of i minus 1); a row's dot product is ``sum_g T[g, code[r, g]]``
+— lookups and adds, no multiplies.
 
-Per matvec the activations give one table per group of 4: ``T[g, i] = sum_k t_k(i) * q[4g+k]``
-(int16, 81 entries, t_k(i) the k-th base-3 digit of i minus 1); a row's dot product is then
-``sum_g T[g, codes[r, g]]`` — one load and one add per 4 weights, no multiplies. Tables are
-walked in tiles of GROUP_TILE groups (10 KiB, L1-resident) across all rows of a block.
+Two implementations (the registry's "lut" picks the first where the CPU allows):
+
+* VBMI (AVX-512 VBMI): layout (ceil(rows/64), groups, 64) uint8 from :func:`to_lut81_blocked`,
+  64 rows per block, one byte lane per row (padding rows hold code 40 = all zeros). Each
+  table is split into its low and high bytes (128-entry byte tables, 2 zmm each) and looked
+  up for 64 rows at once with ``vpermi2b``; int16 sums over GROUP_TILE groups, then int32.
+  Tables are walked in tiles of GROUP_TILE groups (16 KiB, L1-resident) across all blocks.
+* plain: layout (rows, groups) uint8 from :func:`to_lut81`, scalar lookups.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ import numpy as np
 from numba import prange
 
 from .packing import unpack_ternary2
+from .simd import HAS_VBMI, LUT_ROWS, lut_tile
 
 LUT_ENTRIES = 81
-GROUP_TILE = 64  # groups per table tile: 64 * 81 * 2 bytes = 10 KiB
-ROW_BLOCK = 64  # rows per parallel work item
+GROUP_TILE = 64  # groups per table tile: 64 * 256 bytes = 16 KiB; 64 * 508 fits int16
+CODE_ZERO4 = 40  # group code of 4 zero weights (1 + 3 + 9 + 27)
+ROW_BLOCK = 64  # rows per parallel work item (plain)
+BLOCKS_PER_ITEM = 2  # 64-row blocks per parallel work item (VBMI)
 _CHUNK_ROWS_WEIGHTS = 1 << 24
 
 
@@ -59,6 +68,63 @@ def build_tables(xq, ng):
     return t
 
 
+def to_lut81_blocked(packed2: np.ndarray, cols: int) -> np.ndarray:
+    """Convert a ternary2-packed matrix to (ceil(rows/64), ceil(cols/4), 64) uint8 group codes:
+    block b, group g, lane j = code of row 64b + j (padding rows: code 40, all zero)."""
+    flat = to_lut81(packed2, cols)  # (rows, ng)
+    rows, ng = flat.shape
+    nb = (rows + LUT_ROWS - 1) // LUT_ROWS
+    padded = np.full((nb * LUT_ROWS, ng), CODE_ZERO4, dtype=np.uint8)
+    padded[:rows] = flat
+    return np.ascontiguousarray(padded.reshape(nb, LUT_ROWS, ng).transpose(0, 2, 1))
+
+
+@numba.njit(cache=True)
+def build_table_bytes(xq, ng):
+    """The tables of :func:`build_tables` as bytes for vpermi2b: (ng, 2, 128) uint8,
+    [g, 0, i] the low and [g, 1, i] the high byte of T[g, i] (i < 81; the rest 0)."""
+    t = build_tables(xq, ng)
+    tb = np.zeros((ng, 2, 128), dtype=np.uint8)
+    for g in range(ng):
+        for i in range(LUT_ENTRIES):
+            v = np.uint16(t[g, i])
+            tb[g, 0, i] = np.uint8(v & np.uint16(0xFF))
+            tb[g, 1, i] = np.uint8(v >> np.uint16(8))
+    return tb
+
+
+@numba.njit(cache=True, inline="always")
+def _blocks_lut_vbmi(codes, row_scale, tb, x_scale, out, b0, b1):
+    nb, ng = b1 - b0, codes.shape[1]
+    rows = out.shape[0]
+    acc = np.zeros((nb, LUT_ROWS), dtype=np.int32)
+    for g0 in range(0, ng, GROUP_TILE):
+        for b in range(b0, b1):
+            lut_tile(codes, tb, b, g0, min(ng, g0 + GROUP_TILE), acc[b - b0])
+    for b in range(b0, b1):
+        for j in range(LUT_ROWS):
+            r = b * LUT_ROWS + j
+            if r < rows:
+                out[r] = row_scale[r] * x_scale * np.float32(acc[b - b0, j])
+
+
+@numba.njit(cache=True)
+def ternary_matvec_lut_vbmi(codes, row_scale, xq, x_scale, out):
+    """Variant "lut" with vpermi2b: ``codes`` from :func:`to_lut81_blocked`; out (rows,)."""
+    tb = build_table_bytes(xq, codes.shape[1])
+    _blocks_lut_vbmi(codes, row_scale, tb, x_scale, out, 0, codes.shape[0])
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_lut_vbmi_par(codes, row_scale, xq, x_scale, out):
+    """Variant "lut" with vpermi2b, 64-row blocks split over numba threads."""
+    tb = build_table_bytes(xq, codes.shape[1])
+    nb = codes.shape[0]
+    for i in prange((nb + BLOCKS_PER_ITEM - 1) // BLOCKS_PER_ITEM):
+        _blocks_lut_vbmi(codes, row_scale, tb, x_scale, out, i * BLOCKS_PER_ITEM,
+                         min(nb, (i + 1) * BLOCKS_PER_ITEM))
+
+
 @numba.njit(cache=True, inline="always")
 def _rows_lut(codes, row_scale, t, x_scale, out, r0, r1):
     ng = codes.shape[1]
@@ -75,16 +141,24 @@ def _rows_lut(codes, row_scale, t, x_scale, out, r0, r1):
 
 
 @numba.njit(cache=True)
-def ternary_matvec_lut(codes, row_scale, xq, x_scale, out):
-    """Variant "lut": ``codes`` from :func:`to_lut81`, otherwise as ternary_matvec."""
+def ternary_matvec_lut_plain(codes, row_scale, xq, x_scale, out):
+    """Variant "lut" without VBMI: ``codes`` from :func:`to_lut81`, otherwise as ternary_matvec."""
     t = build_tables(xq, codes.shape[1])
     _rows_lut(codes, row_scale, t, x_scale, out, 0, codes.shape[0])
 
 
 @numba.njit(cache=True, parallel=True)
-def ternary_matvec_lut_par(codes, row_scale, xq, x_scale, out):
-    """Variant "lut", blocks of ROW_BLOCK rows split over numba threads."""
+def ternary_matvec_lut_plain_par(codes, row_scale, xq, x_scale, out):
+    """Variant "lut" without VBMI, blocks of ROW_BLOCK rows split over numba threads."""
     t = build_tables(xq, codes.shape[1])
     rows = codes.shape[0]
     for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
         _rows_lut(codes, row_scale, t, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+
+
+if HAS_VBMI:
+    prepare_lut, ternary_matvec_lut, ternary_matvec_lut_par = (
+        to_lut81_blocked, ternary_matvec_lut_vbmi, ternary_matvec_lut_vbmi_par)
+else:
+    prepare_lut, ternary_matvec_lut, ternary_matvec_lut_par = (
+        to_lut81, ternary_matvec_lut_plain, ternary_matvec_lut_plain_par)

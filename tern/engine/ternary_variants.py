@@ -61,8 +61,9 @@ VARIANTS: dict[str, TernaryVariant] = {
                        "unpack to int8 in plain numba, int16 segment sums"),
         TernaryVariant("bitplane", kb.to_bitplanes, kb.ternary_matvec_bitplane,
                        kb.ternary_matvec_bitplane_par, "64-bit bit-planes x activation bit-planes, popcount"),
-        TernaryVariant("lut", kl.to_lut81, kl.ternary_matvec_lut, kl.ternary_matvec_lut_par,
-                       "T-MAC style 81-entry int16 tables over groups of 4 activations"),
+        TernaryVariant("lut", kl.prepare_lut, kl.ternary_matvec_lut, kl.ternary_matvec_lut_par,
+                       "T-MAC style 81-entry int16 tables over groups of 4 activations"
+                       + (" (vpermi2b, 64 rows at once)" if kl.HAS_VBMI else " (scalar lookups)")),
     )
     if not (v.name == "simd" and ROW_DOT_ISA == "none")
 }
