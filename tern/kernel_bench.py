@@ -17,6 +17,7 @@ them without this module importing them eagerly.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -103,14 +104,15 @@ def measure_kernels(names: Iterable[str] | None = None,
                     thread_counts: Sequence[int] = (1,), timing: TimingConfig | None = None,
                     progress: bool = True) -> list[KernelThroughput]:
     """Every (kernel, size, threads) combination; all registered kernels by default."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     names = list(names) if names is not None else registered_kernels()
     for n in names:
         get_setup(n)
     jobs = [(n, r, c, t) for n in names for (r, c) in sizes for t in thread_counts]
     out = []
-    for n, r, c, t in tqdm(jobs, desc="kernels", unit="kernel", disable=not progress, leave=False):
+    for n, r, c, t in tqdm(jobs, desc="kernels", unit="kernel", disable=not progress, leave=False,
+                           file=sys.stderr):
         out.append(measure_kernel(n, r, c, t, timing))
     return out
 

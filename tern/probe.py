@@ -75,7 +75,7 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
         llc_bytes = HostProfile("caches only", False, {}, caches, source, ()).llc_bytes
     max_ws = default_max_ws_bytes(llc_bytes, quick)
     if quick:
-        t = TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005)
+        t = TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005, max_calibration_s=0.06)
         sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=2, kernels=kernels or ("read",),
                             thread_counts=threads, timing=t)
         return ProbeConfig(sweep=sweep, kernel_timing=t, quick=True, sys_root=sys_root)
@@ -282,6 +282,21 @@ def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -
                     for k in profile.kernels],
         "wall_s": profile.host.get("probe_wall_s"),
     }
+
+
+def probe_headlines(profile: HostProfile) -> dict[str, Any]:
+    """Headline figures of a profile (units in the keys), for notebook 01 and the report."""
+    h: dict[str, Any] = {"cpu_model": profile.host.get("cpu_model"),
+                         "probe_mode": profile.host.get("probe_mode"),
+                         "cache_source": profile.cache_source, "llc_bytes": profile.llc_bytes}
+    for t, row in plateau_table(profile).items():
+        for level, gbps in row.items():
+            if gbps is not None:
+                h[f"read_{level}_{t}t_gbps"] = round(gbps, 1)
+    for k in profile.kernels:
+        h[f"{k.kernel}_{k.rows}x{k.cols}_{k.threads}t_gops"] = round(k.gops_median, 1)
+    h["probe_wall_s"] = profile.host.get("probe_wall_s")
+    return h
 
 
 # ---- CLI ----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -313,14 +314,14 @@ def default_max_ws_bytes(llc_bytes: int, quick: bool = False) -> int:
 def sweep(cfg: SweepConfig, progress: bool = True,
           buffers: SweepBuffers | None = None) -> list[BandwidthPoint]:
     """Every (kernel, threads, working set) point of ``cfg``, small to large sizes."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     sizes = cfg.sizes()
     compile_kernels()
     buffers = buffers or SweepBuffers(max(sizes))
     points: list[BandwidthPoint] = []
     with tqdm(total=cfg.n_points(), desc="bandwidth", unit="pt", disable=not progress,
-              leave=False) as bar:
+              leave=False, file=sys.stderr, mininterval=0.5) as bar:
         for kernel in cfg.kernels:
             for threads in cfg.thread_counts:
                 passes_per_s = 0.0

@@ -21,6 +21,7 @@ class TimingConfig:
     min_time_s: float = 0.1  # each timed run lasts at least this long
     repeats: int = 3  # timed runs kept (best and median are reported)
     warmup_s: float = 0.02  # warm-up (and calibration) time before the timed runs
+    max_calibration_s: float = 0.25  # longest run the fixed-cost check may grow to
 
     def __post_init__(self) -> None:
         if not (self.min_time_s > 0 and math.isfinite(self.min_time_s)):
@@ -29,6 +30,8 @@ class TimingConfig:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
         if not (self.warmup_s >= 0 and math.isfinite(self.warmup_s)):
             raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
+        if not (self.max_calibration_s > 0 and math.isfinite(self.max_calibration_s)):
+            raise ValueError(f"max_calibration_s must be > 0, got {self.max_calibration_s}")
 
 
 @dataclass(frozen=True)
@@ -57,20 +60,24 @@ def timed_runs(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 
     that lasts ``cfg.warmup_s`` (e.g. from the previous working-set size)."""
     count = max(1, min(int(count_hint), max_count))
     dt = _timed(run, count)  # the first run also warms caches (and compiles, if needed)
-    # Grow the count until a run lasts warmup_s AND doubling the count about doubles the
-    # time: a fixed per-call cost (thread wake-up, a descheduled worker) must not set it.
+    while dt < cfg.warmup_s and count < max_count:  # warm up for at least warmup_s
+        count = min(max_count, max(count * 2, math.ceil(count * 1.2 * cfg.warmup_s / max(dt, 1e-7))))
+        dt = _timed(run, count)
+    # A fixed cost per call (thread wake-up; on a busy machine a descheduled worker can
+    # cost tens of ms) must not set the count: grow it until doubling the count about
+    # doubles the time (jumping up to 8x while it does not), up to max_calibration_s a run.
+    cap_s = max(cfg.min_time_s, cfg.max_calibration_s)
     while count < max_count:
-        if dt < cfg.warmup_s:
-            count = min(max_count, max(count * 2, math.ceil(count * 1.2 * cfg.warmup_s / max(dt, 1e-7))))
-            dt = _timed(run, count)
-            continue
         doubled = min(max_count, 2 * count)
         dt2 = _timed(run, doubled)
-        linear = dt2 >= 1.6 * dt
-        count, dt = doubled, dt2
-        if linear or dt >= cfg.min_time_s:
+        if dt2 >= 1.6 * dt or dt2 >= cap_s or doubled >= max_count:
+            count, dt = doubled, dt2
             break
-    count = min(max_count, max(1, math.ceil(count * 1.05 * cfg.min_time_s / max(dt, 1e-9))))
+        jump = max(2.0, min(8.0, cap_s / max(dt2, 1e-9)))  # do not overshoot the cap
+        count = min(max_count, math.ceil(doubled * jump / 2))
+        dt = _timed(run, count)
+    floor = count  # below this the fixed cost dominates
+    count = min(max_count, max(floor, math.ceil(count * 1.05 * cfg.min_time_s / max(dt, 1e-9))))
     counts, seconds = [], []
     for _ in range(cfg.repeats):
         for _attempt in range(8):

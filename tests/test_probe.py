@@ -289,6 +289,25 @@ def test_plateau_detection_on_synthetic_curve():
     assert "DRAM" in text and "200.0" in text and "40.0" in text
 
 
+def test_probe_configs_quick_and_full():
+    fix = str(FIX / "sys_ryzen5_3600x")  # LLC 2 x 16 MiB
+    q = probe.probe_config(quick=True, thread_counts=(1,), sys_root=fix)
+    assert q.quick and q.sweep.kernels == ("read",) and q.sweep.points_per_octave == 2
+    assert q.sweep.max_ws_bytes >= 4 * 32 * MIB  # past the last-level cache
+    f = probe.probe_config(quick=False, thread_counts=(1,), sys_root=fix)
+    assert set(f.sweep.kernels) == {"read", "copy", "triad"} and f.sweep.points_per_octave == 4
+    assert f.sweep.timing.min_time_s >= 0.1 and f.sweep.timing.repeats >= 3
+    assert f.sweep.min_ws_bytes == 4 * KIB and f.sweep.max_ws_bytes >= 512 * MIB
+    assert (1024, 1024) in f.kernel_sizes
+    assert probe.default_thread_counts()[0] == 1
+
+
+def test_probe_headlines_have_units():
+    h = probe.probe_headlines(_synthetic_profile())
+    assert h["read_L1_1t_gbps"] == 200.0 and h["read_DRAM_2t_gbps"] == 40.0
+    assert h["llc_bytes"] == 16 * MIB and h["cache_source"] == "/sys"
+
+
 def test_plot_bandwidth_headless(tmp_path):
     from tern.plots.probe import plot_bandwidth
 
@@ -301,6 +320,8 @@ def test_plot_bandwidth_headless(tmp_path):
     assert (tmp_path / "bw.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no curve"):
         plot_bandwidth(_synthetic_profile(), kernels=("copy",))
+    fig = plot_bandwidth(_synthetic_profile(), kernels=None, label_plateaus=False)  # every kernel
+    assert len(fig.axes[0].get_legend().get_texts()) == 2
 
 
 def _tiny_config(**_: object) -> probe.ProbeConfig:

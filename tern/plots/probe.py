@@ -20,16 +20,19 @@ from ..probe_bandwidth import format_bytes
 _STYLES = {"read": "-", "copy": "--", "triad": ":"}
 
 
-def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] = ("read",),
+def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read",),
                    threads: Sequence[int] | None = None, stat: str = "median",
                    label_plateaus: bool = True, figsize: tuple[float, float] = (9.0, 5.0)) -> Figure:
     """GB/s against working set (log2 x axis), one curve per (kernel, thread count),
-    cache sizes as vertical lines, plateaus as labelled horizontal segments."""
+    cache sizes as vertical lines, plateaus as labelled horizontal segments.
+    ``kernels=None``: every kernel the profile measured."""
     if stat not in ("median", "best"):
         raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
     fig = Figure(figsize=figsize)
     ax = fig.add_subplot(1, 1, 1)
     all_threads = sorted({p.threads for p in profile.bandwidth})
+    if kernels is None:
+        kernels = sorted({p.kernel for p in profile.bandwidth}, key=lambda k: (k != "read", k))
     threads = list(threads) if threads is not None else all_threads
     xs_all: list[int] = []
     drawn = 0
