@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("tern.roofline", "two-pool roofline: predicted decode tok/s of a config on a host, and why"),
     "design": ("tern.design", "design search: active budget and configs reaching a target tok/s"),
     "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
+    "train": ("tern.train", "train a model (CPU/CUDA/torchrun DDP): val BPB, tok/s, sparsity, expert load"),
     "gate": ("tern.gates", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
     "report": ("tern.report", "run the numbered notebooks into one self-contained HTML report"),
 }
