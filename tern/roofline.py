@@ -42,8 +42,11 @@ benchmarks; absent means the default):
 * ``bandwidth_efficiency`` (default 1.0): fraction of the measured read bandwidth the
   engine attains (well-tuned engines reach ~0.75–0.95).
 
-Without kernel figures in the profile (``HostProfile.kernels``) the compute roof is
-skipped: predictions are then memory-roof upper bounds.
+Compute roof: ops per token over the best measured kernel of the format's family
+(``ternary_*`` for ternary formats, ``int8_*``, ``q4_*``, ``fp32_*`` for float formats and
+element-wise work) at no more than the requested threads. Ops of a family without a
+kernel figure in the profile (``HostProfile.kernels``) get no compute roof: predictions
+are then memory-roof upper bounds for them.
 """
 
 from __future__ import annotations
@@ -243,11 +246,18 @@ def bandwidth_gbps(host: HostProfile, working_set_bytes: float, threads: int = 1
 
 def kernel_gops_for(host: HostProfile, fmt: str, threads: int = 1) -> float | None:
     """Best measured kernel throughput (Gops/s, multiply-add = 2) able to run ``fmt``
-    (``"fp32"`` also stands for element-wise work); None when the profile has none."""
+    (``"fp32"`` also stands for element-wise work) with at most ``threads`` threads (an
+    engine may always use fewer; when no figure is at or below ``threads``, the nearest
+    thread count); None when the profile has none."""
     prefixes = _KERNEL_PREFIXES[_family(fmt)]
-    names = {k.kernel for k in host.kernels if k.kernel.startswith(prefixes)}
-    rates = [g for n in names if (g := host.kernel_gops(n, threads)) is not None and g > 0]
-    return max(rates) if rates else None
+    rows = [k for k in host.kernels if k.kernel.startswith(prefixes) and k.gops_median > 0]
+    if not rows:
+        return None
+    usable = [k for k in rows if k.threads <= threads]
+    if not usable:
+        t = min({k.threads for k in rows}, key=lambda a: (abs(a - threads), -a))
+        usable = [k for k in rows if k.threads == t]
+    return max(k.gops_median for k in usable)
 
 
 def calibration(host: HostProfile) -> tuple[float, float]:

@@ -144,6 +144,14 @@ def test_kernel_lookup_by_format():
     h = two_point_host(kernels=ks)
     assert kernel_gops_for(h, "tq1_0") == 40.0 and kernel_gops_for(h, "ternary2") == 40.0
     assert kernel_gops_for(h, "bf16") == 10.0 and kernel_gops_for(h, "int8") is None
+    # more threads never slower (an engine may use fewer); fewer than measured: nearest
+    ks2 = [KernelThroughput("int8_matvec", 2, 8, 8, 0.1, 0.1, 0.1, 3),
+           KernelThroughput("int8_matvec", 4, 8, 8, 60.0, 60.0, 1.0, 3),
+           KernelThroughput("int8_matvec", 1, 8, 8, 20.0, 20.0, 1.0, 3)]
+    h2 = two_point_host(kernels=ks2)
+    assert [kernel_gops_for(h2, "int8", t) for t in (1, 2, 3, 4, 8)] == [20.0, 20.0, 20.0, 60.0, 60.0]
+    h3 = two_point_host(kernels=ks2[:2])
+    assert kernel_gops_for(h3, "int8", 1) == 0.1  # only multi-thread figures: the nearest
 
 
 def test_envelope_lifts_dips_and_is_non_increasing():
