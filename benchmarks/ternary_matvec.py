@@ -33,6 +33,7 @@ from tern import kernel_bench
 from tern.engine import kernels_ternary as kt
 from tern.engine import ternary_variants as tv
 from tern.engine.packing import random_ternary2
+from tern.engine.simd import HAS_VBMI, ROW_DOT_ISA
 from tern.probe_bandwidth import SweepBuffers, check_threads, measure_point, numba_threads
 from tern.probe_timing import TimingConfig, timed_runs
 from tern.records import append_jsonl, run_metadata, summarize
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         jobs += [("dram", k, r, c, t) for t in threads for k in ("read", "ternary_simd", "ternary_unpack")
                  if k in ("read", *variants)]
     meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "bench": "ternary_matvec",
-            "default_variant": kt.DEFAULT_VARIANT}
+            "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
     rows_out: list[dict] = []
     buffers = None
     read_gbps: dict[int, float] = {}

@@ -247,19 +247,31 @@ def test_row_dot_every_isa_path(isa):
     if isa == "none":
         pytest.skip("no x86 SIMD path on this CPU")
     row_dot = simd._make_row_dot(isa)
+    rows2_dot = simd._make_row_dot(isa, 2)
+    rows4_dot = simd._make_row_dot(isa, 4)
 
     @numba.njit
-    def dots(packed, xq, out):
+    def dots(packed, xq, out1, out2, out4):
         nfull = xq.shape[0] // 256
         gtail = packed.shape[1] - 64 * nfull
         for r in range(packed.shape[0]):
-            out[r] = row_dot(packed, r, xq, nfull, gtail)
+            out1[r] = row_dot(packed, r, xq, nfull, gtail)
+        for r in range(0, packed.shape[0] - 1, 2):
+            s = rows2_dot(packed, r, xq, nfull, gtail)
+            out2[r], out2[r + 1] = s[0], s[1]
+        for r in range(0, packed.shape[0] - 3, 4):
+            s = rows4_dot(packed, r, xq, nfull, gtail)
+            for i in range(4):
+                out4[r + i] = s[i]
 
-    for rows, cols in [(1, 1), (3, 63), (2, 64), (5, 255), (4, 256), (3, 257), (2, 511), (6, 1100)]:
+    for rows, cols in [(4, 1), (4, 63), (8, 64), (5, 255), (4, 256), (7, 257), (2, 511), (6, 1100)]:
         wt, _, xq, _ = _problem(rows, cols, seed=rows * cols)
-        out = np.empty(rows, dtype=np.int64)
-        dots(P.pack_ternary2(wt), xq, out)
-        np.testing.assert_array_equal(out, (wt.astype(np.int64) + 1) @ xq.astype(np.int64))
+        outs = [np.zeros(rows, dtype=np.int64) for _ in range(3)]
+        dots(P.pack_ternary2(wt), xq, *outs)
+        ref = (wt.astype(np.int64) + 1) @ xq.astype(np.int64)
+        np.testing.assert_array_equal(outs[0], ref)
+        np.testing.assert_array_equal(outs[1][: rows // 2 * 2], ref[: rows // 2 * 2])
+        np.testing.assert_array_equal(outs[2][: rows // 4 * 4], ref[: rows // 4 * 4])
 
 
 def test_calibrate_kernels_reports_every_variant():

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .simd import ROW_DOT_ISA, SKIP_CHUNK_BYTES, row_codes_dot, skip_chunk
+from .simd import ROW_DOT_ISA, ROWS_PER_DOT, SKIP_CHUNK_BYTES, row_codes_dot, rows_codes_dot, skip_chunk
 
 SEG_COLS = 256
 SEG_BYTES = 64
@@ -98,9 +98,15 @@ def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
 def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
     nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
     gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
-    for r in range(r0, r1):
-        acc = np.int32(row_codes_dot(packed, r, xq, nfull, gtail) - qsum)
-        out[r] = row_scale[r] * x_scale * np.float32(acc)
+    r = r0
+    while r + ROWS_PER_DOT <= r1:  # ROWS_PER_DOT rows per pass over xq
+        sums = rows_codes_dot(packed, r, xq, nfull, gtail)
+        for i in range(ROWS_PER_DOT):
+            out[r + i] = row_scale[r + i] * x_scale * np.float32(np.int32(sums[i] - qsum))
+        r += ROWS_PER_DOT
+    for rr in range(r, r1):
+        acc = np.int32(row_codes_dot(packed, rr, xq, nfull, gtail) - qsum)
+        out[rr] = row_scale[rr] * x_scale * np.float32(acc)
 
 
 @numba.njit(cache=True)

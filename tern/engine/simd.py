@@ -12,6 +12,9 @@ packed row against the int8 activations — is emitted here as LLVM IR directly:
 The ISA is chosen once at import from the CPU numba compiles for (``NUMBA_CPU_NAME`` /
 ``NUMBA_CPU_FEATURES`` or the host), so cached code always matches the machine.
 
+``rows_codes_dot`` (same arguments) returns the tuple of ROWS_PER_DOT such sums for rows
+r, r+1, ... in one pass over xq (each activation vector loaded once for all of them).
+
 ``row_codes_dot(packed, r, xq, nfull, gtail)`` returns ``sum_c code[r, c] * xq[c]`` (int32)
 over the first ``nfull`` complete 256-column segments of row ``r`` plus a last, partial
 segment of ``gtail`` bytes (``0 <= gtail <= 64``; ``nfull = cols // 256``), where code = w + 1 in {0, 1, 2} and ``xq`` (cols,)
@@ -128,45 +131,49 @@ def _dot_step(builder, isa, acc, codes, q):
     return builder.add(acc, builder.call(wd, [p16, _splat(_V16I16, 1)]))
 
 
-def _emit_row_dot(context, builder, sig, args, isa):
+def _emit_row_dot(context, builder, sig, args, isa, nrows):
+    """Dot products of rows r .. r+nrows-1 against xq: one pass over xq, each activation
+    vector loaded once and used for every row (nrows * 4 vector accumulators)."""
     pk_ty, _, qp_ty, _, _ = sig.args
     packed_arg, r, qp_arg, nfull, gtail = args  # qp: the unpadded int8 activations
     pk = context.make_array(pk_ty)(context, builder, packed_arg)
     qa = context.make_array(qp_ty)(context, builder, qp_arg)
     stride0 = cgutils.unpack_tuple(builder, pk.strides)[0]
-    row_base = builder.gep(builder.bitcast(pk.data, ir.PointerType(_I8)), [builder.mul(r, stride0)])
+    data = builder.bitcast(pk.data, ir.PointerType(_I8))
+    row_bases = [builder.gep(data, [builder.mul(builder.add(r, ir.Constant(_I64, i)), stride0)])
+                 for i in range(nrows)]
     qbase = builder.bitcast(qa.data, ir.PointerType(_I8))
     ncols = cgutils.unpack_tuple(builder, qa.shape)[0]
 
     width = 32 if isa == "avx2" else 64  # bytes per vector
     vbytes = ir.VectorType(_I8, width)
     vacc = _V8I32 if isa == "avx2" else _V16I32
-    nacc = 4
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(nacc)]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(4)]
+            for _ in range(nrows)]
+
+    def clamp0(v):
+        return builder.select(builder.icmp_signed("<", v, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), v)
 
     def segment(seg_byte, seg_q, g, tail):
-        """Accumulate one segment of g bytes (g = 64 or the tail length)."""
+        """Accumulate one segment of g bytes (g = 64, or the last segment's length)."""
         for h in range(SEG_BYTES // width):  # halves for avx2
             off = builder.add(seg_byte, ir.Constant(_I64, h * width))
             if tail:
-                nvalid = builder.sub(g, ir.Constant(_I64, h * width))
-                nvalid = builder.select(builder.icmp_signed("<", nvalid, ir.Constant(_I64, 0)),
-                                        ir.Constant(_I64, 0), nvalid)
-                pv = _masked_load(builder, row_base, off, vbytes, _min64(builder, nvalid, width))
+                nvalid = _min64(builder, clamp0(builder.sub(g, ir.Constant(_I64, h * width))), width)
+                pvs = [_masked_load(builder, rb, off, vbytes, nvalid) for rb in row_bases]
             else:
-                pv = _load_vec(builder, row_base, off, vbytes)
+                pvs = [_load_vec(builder, rb, off, vbytes) for rb in row_bases]
             for k in range(4):
                 qoff = builder.add(seg_q, builder.add(builder.mul(g, ir.Constant(_I64, k)),
                                                       ir.Constant(_I64, h * width)))
                 if tail:  # activations past the end of xq are not read (their codes are 0)
-                    qvalid = builder.sub(ncols, qoff)
-                    qvalid = builder.select(builder.icmp_signed("<", qvalid, ir.Constant(_I64, 0)),
-                                            ir.Constant(_I64, 0), qvalid)
-                    q = _masked_load(builder, qbase, qoff, vbytes, _min64(builder, qvalid, width))
+                    qvalid = _min64(builder, clamp0(builder.sub(ncols, qoff)), width)
+                    q = _masked_load(builder, qbase, qoff, vbytes, qvalid)
                 else:
                     q = _load_vec(builder, qbase, qoff, vbytes)
-                a = accs[k]
-                builder.store(_dot_step(builder, isa, builder.load(a), _codes(builder, pv, k, vbytes), q), a)
+                for i, pv in enumerate(pvs):
+                    a = accs[i][k]
+                    builder.store(_dot_step(builder, isa, builder.load(a), _codes(builder, pv, k, vbytes), q), a)
 
     with cgutils.for_range(builder, nfull) as loop:
         i = loop.index
@@ -175,14 +182,19 @@ def _emit_row_dot(context, builder, sig, args, isa):
     with builder.if_then(builder.icmp_signed(">", gtail, ir.Constant(_I64, 0))):
         segment(builder.mul(nfull, ir.Constant(_I64, SEG_BYTES)), builder.mul(nfull, ir.Constant(_I64, 4 * SEG_BYTES)),
                 gtail, True)
-    tot = builder.load(accs[0])
-    for a in accs[1:]:
-        tot = builder.add(tot, builder.load(a))
     red = _fn(builder.module, f"llvm.vector.reduce.add.v{vacc.count}i32", _I32, [vacc])
-    return builder.call(red, [tot])
+    sums = []
+    for row in accs:
+        tot = builder.load(row[0])
+        for a in row[1:]:
+            tot = builder.add(tot, builder.load(a))
+        sums.append(builder.call(red, [tot]))
+    if nrows == 1:
+        return sums[0]
+    return context.make_tuple(builder, sig.return_type, sums)
 
 
-def _make_row_dot(isa):
+def _make_row_dot(isa, nrows=1):
     @intrinsic
     def row_codes_dot(typingctx, packed, r, qp, nfull, gtail):
         if not (isinstance(packed, types.Array) and packed.ndim == 2 and packed.dtype == types.uint8
@@ -190,20 +202,23 @@ def _make_row_dot(isa):
                 and isinstance(qp, types.Array) and qp.ndim == 1 and qp.dtype == types.int8
                 and qp.layout == "C"):
             return None
-        sig = types.int32(packed, types.int64, qp, types.int64, types.int64)
+        ret = types.int32 if nrows == 1 else types.UniTuple(types.int32, nrows)
+        sig = ret(packed, types.int64, qp, types.int64, types.int64)
 
         def codegen(context, builder, signature, args):
             a = list(args)
             for i in (1, 3, 4):  # index arguments as i64
                 a[i] = context.cast(builder, a[i], signature.args[i], types.int64)
-            return _emit_row_dot(context, builder, signature, a, isa)
+            return _emit_row_dot(context, builder, signature, a, isa, nrows)
 
         return sig, codegen
 
     return row_codes_dot
 
 
+ROWS_PER_DOT = 2 if ROW_DOT_ISA == "avx2" else 4  # rows sharing one pass over xq (register budget)
 row_codes_dot = _make_row_dot(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2")
+rows_codes_dot = _make_row_dot(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", ROWS_PER_DOT)
 
 
 @intrinsic
