@@ -82,14 +82,27 @@ def to_lut81_blocked(packed2: np.ndarray, cols: int) -> np.ndarray:
 @numba.njit(cache=True)
 def build_table_bytes(xq, ng):
     """The tables of :func:`build_tables` as bytes for vpermi2b: (ng, 2, 128) uint8,
-    [g, 0, i] the low and [g, 1, i] the high byte of T[g, i] (i < 81; the rest 0)."""
-    t = build_tables(xq, ng)
-    tb = np.zeros((ng, 2, 128), dtype=np.uint8)
+    [g, 0, i] the low and [g, 1, i] the high byte of T[g, i] for i < 81 (entries 81..127
+    are never looked up and left unset). Built as T[a + 9b] = A[a] + B[b] from the 9-entry
+    pair tables A (activations 0, 1) and B (2, 3)."""
+    tb = np.empty((ng, 2, 128), dtype=np.uint8)
+    n = xq.shape[0]
+    pa = np.empty(9, dtype=np.int16)
+    pb = np.empty(9, dtype=np.int16)
     for g in range(ng):
-        for i in range(LUT_ENTRIES):
-            v = np.uint16(t[g, i])
-            tb[g, 0, i] = np.uint8(v & np.uint16(0xFF))
-            tb[g, 1, i] = np.uint8(v >> np.uint16(8))
+        q0 = np.int16(xq[4 * g]) if 4 * g < n else np.int16(0)
+        q1 = np.int16(xq[4 * g + 1]) if 4 * g + 1 < n else np.int16(0)
+        q2 = np.int16(xq[4 * g + 2]) if 4 * g + 2 < n else np.int16(0)
+        q3 = np.int16(xq[4 * g + 3]) if 4 * g + 3 < n else np.int16(0)
+        for i1 in range(3):
+            for i0 in range(3):
+                pa[i0 + 3 * i1] = np.int16((i0 - 1) * q0 + (i1 - 1) * q1)
+                pb[i0 + 3 * i1] = np.int16((i0 - 1) * q2 + (i1 - 1) * q3)
+        for b in range(9):
+            for a in range(9):
+                v = np.uint16(np.int16(pa[a] + pb[b]))
+                tb[g, 0, a + 9 * b] = np.uint8(v & np.uint16(0xFF))
+                tb[g, 1, a + 9 * b] = np.uint8(v >> np.uint16(8))
     return tb
 
 
