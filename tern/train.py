@@ -91,32 +91,30 @@ def _param_groups(model: torch.nn.Module, wd: float) -> list[dict]:
 
 
 # ---- evaluation ------------------------------------------------------------------------
-def make_nll_fn(model: torch.nn.Module, device: torch.device | str = "cpu", batch: int = 16,
+def make_nll_fn(model: torch.nn.Module, device: torch.device | str = "cpu",
                 autocast_dtype: torch.dtype | None = None):
-    """nll_fn(windows (n, L + 1) int) -> summed nats (float) of the model predicting
-    windows[:, 1:] from windows[:, :-1] (eval mode, no grad), in batches of ``batch``."""
+    """nll_fn(x (B, T) int, y (B, T) int) -> summed nats (float) of the model predicting
+    every y[b, t] from x[b, :t + 1] (eval mode, no grad): the ``tern.data.val_bpb``
+    convention."""
     device = torch.device(device)
 
-    def nll_fn(windows: np.ndarray) -> float:
-        w = torch.as_tensor(np.asarray(windows, dtype=np.int64))
-        if w.dim() != 2 or w.shape[1] < 2:
-            raise ValueError(f"nll_fn expects windows of shape (n, L + 1), got {tuple(w.shape)}")
+    def nll_fn(x: np.ndarray, y: np.ndarray) -> float:
+        xt = torch.as_tensor(np.asarray(x, dtype=np.int64)).to(device)
+        yt = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
+        if xt.dim() != 2 or xt.shape != yt.shape:
+            raise ValueError(f"nll_fn expects x and y of one shape (B, T), got {tuple(xt.shape)} "
+                             f"and {tuple(yt.shape)}")
         was = model.training
         model.eval()
-        total = 0.0
         try:
             with torch.no_grad():
-                for i in range(0, w.shape[0], batch):
-                    x = w[i:i + batch].to(device)
-                    ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
-                           else contextlib.nullcontext())
-                    with ctx:
-                        logits = model(x[:, :-1])
-                    total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                   x[:, 1:].reshape(-1), reduction="sum"))
+                ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+                       else contextlib.nullcontext())
+                with ctx:
+                    logits = model(xt)  # (B, T, V)
+                return float(F.cross_entropy(logits.float().flatten(0, 1), yt.flatten(), reduction="sum"))
         finally:
             model.train(was)
-        return total
 
     return nll_fn
 
@@ -346,7 +344,7 @@ def _train(mcfg, tc, out, progress, data, resume, stop_at_step, rank, world, dev
 
 
 def _evaluate(model, data, tc, dev, amp_dtype, max_tokens, rank):
-    nll = make_nll_fn(model, dev, batch=max(1, min(tc.batch_size, 16)), autocast_dtype=amp_dtype)
+    nll = make_nll_fn(model, dev, autocast_dtype=amp_dtype)
     ev = data.evaluate(nll, tc.seq_len, max_tokens or None)
     return {k: ev.get(k) for k in ("bpb", "nats", "tokens", "bytes", "nats_per_token")}
 

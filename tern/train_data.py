@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-# nll_fn(windows (n, L + 1) int64) -> summed nats (float) of predicting windows[:, 1:]
-NllFn = Callable[[np.ndarray], float]
+# nll_fn(x (B, T) int64, y (B, T) int64) -> summed nats of every y[b, t] given x[b, :t + 1]
+# (the tern.data.val_bpb convention)
+NllFn = Callable[[np.ndarray, np.ndarray], float]
 
 
 def sample_windows(tokens: np.ndarray, seed: int, step: int, batch: int, seq_len: int) -> np.ndarray:
@@ -65,7 +66,7 @@ class ArraySource:
 
     def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None) -> dict[str, Any]:
         w = val_windows(self.val, seq_len, max_tokens)
-        nats = float(nll_fn(w))
+        nats = sum(float(nll_fn(w[i:i + 16, :-1], w[i:i + 16, 1:])) for i in range(0, len(w), 16))
         tokens = int(w.shape[0] * seq_len)
         bpb = None
         if self.val_text_bytes and not max_tokens:
@@ -95,14 +96,14 @@ class CorpusSource:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.tokenizer.get_vocab_size())
+        return int(self.tokenizer.vocab_size)
 
     def batch(self, seed: int, step: int, batch: int, seq_len: int) -> np.ndarray:
         return sample_windows(self.train, seed, step, batch, seq_len)
 
     def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None) -> dict[str, Any]:
         r = dict(self._data.val_bpb(nll_fn, tokenizer=self.tokenizer, seq_len=seq_len,
-                                    max_tokens=max_tokens or None))
+                                    max_tokens=max_tokens or None, progress=False))
         if r.get("tokens"):
             r["nats_per_token"] = r["nats"] / r["tokens"]
         return r

@@ -40,9 +40,11 @@ class SlidingWindowAttention(nn.Module):
         p = torch.softmax(scores, dim=-1)
         return p.to(v.dtype) @ v  # (B, H, Tq, hd)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, dict]:
-        """x (B, T, D) -> (out (B, T, D), ring-buffer state after the last position).
-        ``state`` (from :meth:`init_state` or a previous call) continues a sequence."""
+    def forward(self, x: torch.Tensor, state: dict | None = None,
+                need_state: bool = True) -> tuple[torch.Tensor, dict | None]:
+        """x (B, T, D) -> (out (B, T, D), ring-buffer state after the last position, or None
+        without ``need_state``). ``state`` (from :meth:`init_state` or a previous call)
+        continues a sequence."""
         nb, nt, D = x.shape
         H, hd, W = self.n_heads, self.head_dim, self.window
         q, k, v = self.qkv(x).view(nb, nt, 3, H, hd).unbind(2)  # (B, T, H, hd) each
@@ -56,7 +58,7 @@ class SlidingWindowAttention(nn.Module):
         mask = window_mask(nt, n_old + nt, W, offset=n_old, device=x.device)
         o = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         out = self.out_proj(o.transpose(1, 2).reshape(nb, nt, D))
-        return out, self._state_from(k.detach(), v.detach(), pos0 + nt)
+        return out, (self._state_from(k.detach(), v.detach(), pos0 + nt) if need_state else None)
 
     def _ordered_cache(self, state: dict):
         pos, W = state["pos"], self.window

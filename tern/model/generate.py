@@ -42,10 +42,12 @@ def generate_ids(model: TernLM, prompt_ids: list[int], n: int, seed: int = 0,
 def generate_torch(model: TernLM, tokenizer, prompt: str, n: int, **kw) -> Iterator[str]:
     """Stream the decoded text pieces of ``n`` new tokens after ``prompt``.
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` (``encode(text).ids`` / ``decode(ids)``);
+    ``tokenizer`` is a ``tern.tokenizer.Tokenizer`` (``encode(text) -> ids``,
+    ``decode(ids)``; a ``tokenizers.Tokenizer`` whose encode returns ``.ids`` works too);
     keyword arguments go to :func:`generate_ids` (seed, temperature, top_k, top_p,
     repetition_penalty). Each yielded piece is the new text since the previous one."""
-    ids = tokenizer.encode(prompt).ids
+    ids = tokenizer.encode(prompt)
+    ids = list(getattr(ids, "ids", ids))
     out: list[int] = []
     prev = ""
     for t in generate_ids(model, ids, n, **kw):

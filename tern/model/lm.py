@@ -37,8 +37,9 @@ class Block(nn.Module):
             self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)  # registered first: canonical order
             self.ffn = MoE(cfg, out_std) if cfg.is_moe(i) else GatedMLP(cfg, out_std)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, dict]:
-        m, new_state = self.mixer(self.norm1(x), state)  # (B, T, D)
+    def forward(self, x: torch.Tensor, state: dict | None = None,
+                need_state: bool = True) -> tuple[torch.Tensor, dict | None]:
+        m, new_state = self.mixer(self.norm1(x), state, need_state)  # (B, T, D)
         x = x + m
         if self.ffn is not None:
             x = x + self.ffn(self.norm2(x))
@@ -99,7 +100,7 @@ class TernLM(nn.Module):
         x = self.embed(tokens.long())  # (B, T, D)
         states = []
         for i, layer in enumerate(self.layers):
-            x, st = layer(x, state[i] if state is not None else None)
+            x, st = layer(x, state[i] if state is not None else None, return_state)
             states.append(st)
         logits = self.norm_f(x) @ self.head_weight().t()  # (B, T, V)
         return (logits, states) if return_state else logits

@@ -115,17 +115,19 @@ class MoE(nn.Module):
         order = torch.sort(flat, stable=True).indices  # (n*k,)
         tok = order // k  # token of each sorted assignment
         counts = torch.bincount(flat, minlength=E).tolist()
-        xs = (xin[0][tok], xin[1][tok] if xin[1] is not None else None)  # (n*k, D) sorted
-        gu, down = self.experts.prepared(tr)
-        ys, start = [], 0
+        # split / unbind (not per-expert indexing): their backward is one cat / stack
+        # instead of a zero-filled full-size gradient per expert
+        xs = torch.split(xin[0].index_select(0, tok), counts)  # E x (n_e, D), sorted by expert
+        a_s = torch.split(xin[1].index_select(0, tok), counts) if xin[1] is not None else [None] * E
+        (gu_w, gu_s), (dn_w, dn_s) = self.experts.prepared(tr)
+        gu_w, dn_w = gu_w.unbind(0), dn_w.unbind(0)  # E x (2H, D), E x (D, H)
+        gu_s = gu_s.unbind(0) if gu_s is not None else [None] * E
+        dn_s = dn_s.unbind(0) if dn_s is not None else [None] * E
+        ys = []
         for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            sl = slice(start, start + c)
-            xe = (xs[0][sl], xs[1][sl] if xs[1] is not None else None)
-            ys.append(gated_ffn(xe, _pick(gu, e), _pick(down, e), self.hidden, self.act, self.eps,
-                                tr, et, self.stats))
-            start += c
+            if c:
+                ys.append(gated_ffn((xs[e], a_s[e]), (gu_w[e], gu_s[e]), (dn_w[e], dn_s[e]),
+                                    self.hidden, self.act, self.eps, tr, et, self.stats))
         y_sorted = torch.cat(ys, 0)  # (n*k, D)
         y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
         out = out + (w.unsqueeze(-1) * y).sum(1)  # (n, D)

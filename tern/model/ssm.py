@@ -64,8 +64,10 @@ class SSMMixer(nn.Module):
         dt = F.softplus(F.linear(dtl, self.dt_proj.weight, self.dt_proj.bias))  # (..., Di)
         return dt, Bm, Cm
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, dict]:
-        """x (B, T, D) -> (out (B, T, D), final decode state). ``state`` continues a sequence."""
+    def forward(self, x: torch.Tensor, state: dict | None = None,
+                need_state: bool = True) -> tuple[torch.Tensor, dict | None]:
+        """x (B, T, D) -> (out (B, T, D), final decode state or None without ``need_state``).
+        ``state`` continues a sequence."""
         nb, nt, _ = x.shape
         K = self.d_conv
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, Di) each
@@ -81,8 +83,9 @@ class SSMMixer(nn.Module):
                                impl=self.scan_impl)  # (B, T, Di), (B, Di, N)
         y = y + self.D * uc
         out = self.out_proj(y * F.silu(z))  # (B, T, D)
-        new_state = {"h": hT.detach(), "conv": upad[:, :, upad.shape[2] - (K - 1):].detach()}
-        return out, new_state
+        if not need_state:
+            return out, None
+        return out, {"h": hT.detach(), "conv": upad[:, :, upad.shape[2] - (K - 1):].detach()}
 
     def init_state(self, batch: int, device=None) -> dict:
         return {"h": torch.zeros(batch, self.d_inner, self.d_state, device=device),
