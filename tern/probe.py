@@ -74,6 +74,11 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
         caches, source = detect_caches(sys_root)
         llc_bytes = HostProfile("caches only", False, {}, caches, source, ()).llc_bytes
     max_ws = default_max_ws_bytes(llc_bytes, quick)
+    avail = _available_ram_bytes()
+    if max_ws > avail // 4:  # never let the sweep's buffer push the machine into swap
+        print(f"tern probe: largest working set capped at a quarter of available RAM "
+              f"({format_bytes(avail // 4)} instead of {format_bytes(max_ws)})", file=sys.stderr)
+        max_ws = max(64 * 1024 * 1024, avail // 4)
     if quick:
         t = TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005, max_calibration_s=0.06)
         sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=2, kernels=kernels or ("read",),
@@ -82,6 +87,12 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
     sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=4, kernels=kernels or KERNELS,
                         thread_counts=threads, timing=TimingConfig())
     return ProbeConfig(sweep=sweep, kernel_sizes=((1024, 1024), (4096, 4096)), sys_root=sys_root)
+
+
+def _available_ram_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 # ---- host facts ---------------------------------------------------------------------------
@@ -323,7 +334,7 @@ def _thread_list(text: str) -> tuple[int, ...]:
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="fewer points and repeats, 20 ms runs, read kernel only, up to 4x LLC (~20 s)")
+                   help="2 points per octave, 20 ms runs, read kernel only, up to 4x LLC (~20 s)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"where to save the profile (default {DEFAULT_OUT})")
     p.add_argument("--threads", type=_thread_list, default=None,
                    help="comma-separated thread counts (default: 1 and all CPUs)")

@@ -289,6 +289,12 @@ def test_plateau_detection_on_synthetic_curve():
     assert "DRAM" in text and "200.0" in text and "40.0" in text
 
 
+def test_probe_config_caps_working_set_by_ram(monkeypatch):
+    monkeypatch.setattr(probe, "_available_ram_bytes", lambda: 1024 * MIB)
+    cfg = probe.probe_config(quick=False, thread_counts=(1,), sys_root=str(FIX / "sys_ryzen5_3600x"))
+    assert cfg.sweep.max_ws_bytes == 256 * MIB
+
+
 def test_probe_configs_quick_and_full():
     fix = str(FIX / "sys_ryzen5_3600x")  # LLC 2 x 16 MiB
     q = probe.probe_config(quick=True, thread_counts=(1,), sys_root=fix)
