@@ -106,7 +106,7 @@ def test_extreme_sums_exact():
     assert out.tolist() == [127.0 * cols, -127.0 * cols]
 
 
-SKIP_KERNELS = [K.ternary_matvec_skip, K.ternary_matvec_skip_plain]
+SKIP_KERNELS = [K.ternary_matvec_skip, K.ternary_matvec_skip_par, K.ternary_matvec_skip_plain]
 if K.DEFAULT_VARIANT == "simd":
     SKIP_KERNELS += [K.ternary_matvec_skip_simd, K.ternary_matvec_skip_simd_par]
 
@@ -299,3 +299,18 @@ def test_lut_plain_and_blocked_layout(shape):
     np.testing.assert_array_equal(blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[: shape[0]],
                                   L.to_lut81(packed, shape[1]))
     assert (blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[shape[0]:] == L.CODE_ZERO4).all()
+
+
+def test_ternary_matvec_checked():
+    wt, rs, xq, xs = _problem(37, 300, seed=11, p_zero_act=0.5)
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for threads in (1, 2):
+        np.testing.assert_allclose(K.ternary_matvec_checked(P.pack_ternary2(wt), rs, xq, xs, threads=threads),
+                                   ref, rtol=1e-6)
+        packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+        np.testing.assert_allclose(K.ternary_matvec_checked(packed_t, rs, xq, xs, transposed=True,
+                                                            threads=threads), ref, rtol=1e-6)
+    with pytest.raises(ValueError, match="bytes"):
+        K.ternary_matvec_checked(P.pack_ternary2(wt), rs, xq[:200].copy(), xs)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        K.ternary_matvec_checked(P.pack_ternary2(wt), rs, np.repeat(xq, 2)[::2], xs)

@@ -6,8 +6,11 @@ float32 from tern.engine.quant.quantize_act; ``out`` (rows,) float32 receives
 
     out[r] = row_scale[r] * x_scale * sum_c Wt[r, c] * xq[c]
 
-with the integer sum exact (int32). All kernels here are ``@njit(cache=True)`` and assume
-validated inputs; :func:`ternary_matvec_checked` is the validating Python wrapper.
+with the integer sum exact (int32; cols <= MAX_COLS). All kernels here are
+``@njit(cache=True)``, callable from other njit code, and assume validated inputs;
+:func:`ternary_matvec_checked` is the validating Python wrapper (:func:`check_matvec_args`
+the check alone). The activation-skip kernels read the TRANSPOSED orientation (see the
+section below). Variants, layouts and the default rule: tern.engine.ternary_variants.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .simd import ROW_DOT_ISA, ROWS_PER_DOT, SKIP_CHUNK_BYTES, row_codes_dot, ro
 
 SEG_COLS = 256
 SEG_BYTES = 64
+MAX_COLS = (2**31 - 1) // 254  # sums of code (<= 2) * |xq| (<= 127) stay inside int32
 ROW_BLOCK = 16  # rows per parallel work item
 SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
@@ -126,9 +130,10 @@ def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
 
 
 # ---- default ---------------------------------------------------------------------------------
-# Rule (measured on AMD EPYC Zen 4 and documented in benchmarks/ternary_matvec.py): the
-# "simd" variant wherever tern.engine.simd found AVX2 or AVX-512 when this module was
-# imported, else the portable "unpack" variant. calibrate_kernels() re-measures all variants.
+# Rule (measured on AMD EPYC Zen 4 with benchmarks/ternary_matvec.py; documented in
+# tern.engine.ternary_variants): the "simd" variant wherever tern.engine.simd found AVX2 or
+# AVX-512 when this module was imported, else the portable "unpack" variant — the only two
+# that read the stored layout directly. ternary_variants.calibrate_kernels() re-measures.
 DEFAULT_VARIANT = "simd" if ROW_DOT_ISA != "none" else "unpack"
 
 _DEFAULT = ternary_matvec_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
@@ -254,12 +259,19 @@ def ternary_matvec_skip_simd_par(packed_t, row_scale, xq, x_scale, out):
 
 
 _SKIP = ternary_matvec_skip_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_skip_plain
+_SKIP_PAR = ternary_matvec_skip_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_skip_plain
 
 
 @numba.njit(cache=True)
 def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
     """Default activation-skip matvec (transposed orientation, see above)."""
     _SKIP(packed_t, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_par(packed_t, row_scale, xq, x_scale, out):
+    """Default activation-skip matvec over numba threads (output segments split)."""
+    _SKIP_PAR(packed_t, row_scale, xq, x_scale, out)
 
 
 # ---- validation and reference ---------------------------------------------------------------
@@ -306,6 +318,25 @@ def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = Fa
         raise ValueError(f"x_scale must be finite, got {x_scale!r}")
     if xq.min() < -127:
         raise ValueError("xq holds -128; quantize_act produces values in [-127, 127]")
+    if cols > MAX_COLS:
+        raise ValueError(f"{cols} inputs exceed MAX_COLS = {MAX_COLS} (int32 sums could overflow)")
+
+
+def ternary_matvec_checked(packed: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale,
+                           out: np.ndarray | None = None, transposed: bool = False,
+                           threads: int = 1) -> np.ndarray:
+    """Validate, then run the default kernel (``transposed``: the activation-skip kernel on
+    W.T; ``threads`` > 1: the parallel kernel, numba's current thread count)."""
+    rows = (row_scale.shape[0] if isinstance(row_scale, np.ndarray) and row_scale.ndim == 1 else 0)
+    if out is None:
+        out = np.empty(rows, dtype=np.float32)
+    check_matvec_args(packed, row_scale, xq, x_scale, out, transposed=transposed)
+    xs = np.float32(x_scale)
+    if transposed:
+        (ternary_matvec_skip if threads == 1 else ternary_matvec_skip_par)(packed, row_scale, xq, xs, out)
+    else:
+        (ternary_matvec if threads == 1 else ternary_matvec_par)(packed, row_scale, xq, xs, out)
+    return out
 
 
 def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale) -> np.ndarray:
