@@ -25,7 +25,11 @@ edited gate therefore starts from scratch, and old rows stay in the file untouch
 
 The harness does not know how training works: ``runner(model_cfg, train_cfg, out_dir=None,
 progress=True) -> dict`` defaults to :func:`tern.train.run_training`; distillation arms
-use ``distill_runner`` (default :func:`tern.distill.run_distill`).
+use ``distill_runner(model_cfg, train_cfg, teacher_checkpoint=, teacher_cfg=, distill=,
+out_dir=, progress=)`` (default :func:`tern.distill.run_distill`). Teachers are trained
+first by ``runner`` with an ``out_dir`` under ``work_dir`` and must return the path of the
+weights they wrote as ``checkpoint``; a teacher whose checkpoint has disappeared is
+retrained while students still need it.
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
     if not isinstance(spec, GateSpec):
         spec = load_gate(spec)
     registry = Path(registry) if registry is not None else default_registry()
-    work_dir = Path(work_dir) if work_dir is not None else registry.parent / "work"
+    work_dir = (Path(work_dir) if work_dir is not None else registry.parent / "work").resolve()
     if make_train is None:
         make_train = default_make_train()
     runs = plan_runs(spec, make_train)
@@ -186,23 +190,36 @@ def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
         from .distill import run_distill as distill_runner
 
     done = finished_runs(read_registry(registry), spec.hash)
-    todo = [r for r in runs if (r.arm, r.seed, r.config_hash) not in done]
     teachers = {r.arm.split(":", 1)[1]: r for r in runs if r.role == "teacher"}
+    pending_distill = any(r.distill and (r.arm, r.seed, r.config_hash) not in done for r in runs)
+
+    def teacher_checkpoint(t: PlannedRun) -> Path | None:
+        row = done.get((t.arm, t.seed, t.config_hash))
+        ck = row["metrics"].get("checkpoint") if row else None
+        return Path(ck) if ck and Path(ck).is_file() else None
+
+    # a teacher is (re)trained when it has no run yet, or when students still need it and
+    # its checkpoint is gone (the registry keeps figures, the work folder keeps weights)
+    todo = [r for r in runs if (r.arm, r.seed, r.config_hash) not in done
+            or (r.role == "teacher" and pending_distill and teacher_checkpoint(r) is None)]
     trained = 0
     _log(f"gate {spec.name} [{spec.short_hash}]: {len(runs)} runs, {len(runs) - len(todo)} "
          f"already in {registry}, {len(todo)} to train", progress)
     for i, run in enumerate(todo):
-        out_dir = _run_dir(work_dir, spec, run)
         _log(f"gate {spec.name}: run {i + 1}/{len(todo)}: {run.arm} seed {run.seed}", progress)
         t0 = time.perf_counter()
         if run.distill:
             t = teachers[run.distill["teacher"]]
-            metrics = distill_runner(run.model_cfg, run.train_cfg, teacher_cfg=t.model_cfg,
-                                     teacher_train_cfg=t.train_cfg,
-                                     teacher_dir=_run_dir(work_dir, spec, t),
-                                     distill=dict(run.distill), out_dir=out_dir, progress=progress)
+            ckpt = teacher_checkpoint(t)
+            if ckpt is None:
+                raise ValueError(f"teacher {t.arm} has no checkpoint file; the runner must return "
+                                 "'checkpoint' (the path it wrote under out_dir)")
+            metrics = distill_runner(run.model_cfg, run.train_cfg, teacher_checkpoint=ckpt,
+                                     teacher_cfg=t.model_cfg, distill=dict(run.distill),
+                                     out_dir=None, progress=progress)
         elif run.role == "teacher":
-            metrics = runner(run.model_cfg, run.train_cfg, out_dir=out_dir, progress=progress)
+            metrics = runner(run.model_cfg, run.train_cfg, out_dir=_run_dir(work_dir, spec, run),
+                             progress=progress)
         else:
             metrics = runner(run.model_cfg, run.train_cfg, out_dir=None, progress=progress)
         wall_s = time.perf_counter() - t0
@@ -221,7 +238,8 @@ def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
         trained += 1
     current = [done[(r.arm, r.seed, r.config_hash)] for r in runs]
     verdict = verdict_record(spec, current)
-    verdict.update(runs_reused=len(runs) - trained, runs_trained=trained, registry=str(registry))
+    verdict.update(runs_reused=len([r for r in runs if r not in todo]), runs_trained=trained,
+                   registry=str(registry))
     append_jsonl(registry, verdict)
     _log(f"gate {spec.name}: {verdict['verdict'].upper()}", progress)
     return verdict

@@ -82,3 +82,111 @@ def test_byte_kd_picks_teacher_byte_ids():
         byte_kd_loss(s, t, boundary, M)
     v = byte_kd_loss(s, t, boundary, M, teacher_byte_ids=torch.arange(256))
     assert math.isfinite(v.item())
+
+
+# ---- training with a teacher (real tern.train pieces, synthetic token streams) ----------------
+
+train_mod = pytest.importorskip("tern.train", reason="tern.train is not importable yet")
+
+TINY = dict(d_model=32, n_layers=1, attn_layers=(), moe_layers=(), mlp_hidden=64, n_experts=0,
+            top_k=0, expert_hidden=0, n_shared=0, shared_hidden=0, max_seq_len=64)
+
+
+def tiny(vocab, **kw):
+    from tern.config import get_preset
+
+    return get_preset("sandbox").replace(**{**TINY, "vocab_size": vocab, **kw})
+
+
+def student_vocab():
+    """64 tokens: 32 single bytes 'A'.. and 32 two-byte tokens."""
+    singles = [bytes([65 + i]) for i in range(32)]
+    pairs = [bytes([65 + i % 32, 65 + (7 * i) % 32]) for i in range(32)]
+    return singles + pairs
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import numpy as np
+
+    from tern.train import ArraySource, TrainConfig, run_training
+
+    d = tmp_path_factory.mktemp("distill")
+    rng = np.random.default_rng(0)
+    stu = ArraySource(rng.integers(0, 64, 3000), rng.integers(0, 64, 300), vocab_size=64)
+    vocab = student_vocab()
+    text = b"".join(vocab[i] for i in rng.integers(0, 64, 3000))
+    byt = ArraySource(np.frombuffer(text, dtype=np.uint8).astype(np.int64), np.arange(65, 165) % 256, vocab_size=256)
+    t_same = tiny(64, d_model=48)
+    run_training(t_same, TrainConfig(steps=2, batch_size=2, seq_len=16, seed=5), d / "same",
+                 progress=False, data=stu)
+    t_byte = tiny(256, d_model=48)
+    run_training(t_byte, TrainConfig(steps=2, batch_size=2, seq_len=32, seed=5, tokenizer="byte"),
+                 d / "byte", progress=False, data=byt)
+    return {"stu": stu, "vocab": vocab, "same": d / "same" / "checkpoint.pt", "t_same": t_same,
+            "byte": d / "byte" / "checkpoint.pt", "t_byte": t_byte}
+
+
+def test_alpha_zero_reproduces_run_training(setup):
+    from tern.distill import run_distill
+    from tern.train import TrainConfig, run_training
+
+    cfg, tc = tiny(64), TrainConfig(steps=3, batch_size=2, seq_len=16, seed=1)
+    plain = run_training(cfg, tc, progress=False, data=setup["stu"])
+    kd0 = run_distill(cfg, tc, teacher_checkpoint=setup["same"], teacher_cfg=setup["t_same"],
+                      distill={"method": "logit", "alpha": 0.0}, progress=False, data=setup["stu"])
+    assert kd0["val_nats_per_token"] == plain["val_nats_per_token"]
+    assert kd0["final_loss"] == plain["final_loss"] and kd0["train_tokens"] == plain["train_tokens"]
+
+
+@pytest.mark.parametrize("method", ["logit", "byte"])
+def test_distill_trains_with_a_kd_term(setup, method):
+    from tern.distill import run_distill
+    from tern.train import TrainConfig, run_training
+
+    cfg, tc = tiny(64), TrainConfig(steps=3, batch_size=2, seq_len=16, seed=1)
+    ck, tcfg = (setup["same"], setup["t_same"]) if method == "logit" else (setup["byte"], setup["t_byte"])
+    r = run_distill(cfg, tc, teacher_checkpoint=ck, teacher_cfg=tcfg,
+                    distill={"method": method, "alpha": 0.5, "temperature": 2.0}, progress=False,
+                    data=setup["stu"], token_bytes=setup["vocab"])
+    plain = run_training(cfg, tc, progress=False, data=setup["stu"])
+    assert math.isfinite(r["val_nats_per_token"]) and r["kd_loss"] > 0 and r["kd_alpha"] == 0.5
+    assert r["val_nats_per_token"] != plain["val_nats_per_token"]  # the KD term changed training
+
+
+def test_distill_refuses_mismatched_teachers(setup):
+    from tern.distill import run_distill
+    from tern.train import TrainConfig
+
+    cfg, tc = tiny(64), TrainConfig(steps=1, batch_size=2, seq_len=16)
+    with pytest.raises(ValueError, match="same tokenizer"):
+        run_distill(cfg, tc, teacher_checkpoint=setup["byte"], distill={"method": "logit"},
+                    progress=False, data=setup["stu"])
+    with pytest.raises(ValueError, match="byte-tokenizer teacher"):
+        run_distill(cfg, tc, teacher_checkpoint=setup["same"], distill={"method": "byte"},
+                    progress=False, data=setup["stu"], token_bytes=setup["vocab"])
+    with pytest.raises(ValueError, match="another model config"):
+        run_distill(cfg, tc, teacher_checkpoint=setup["same"], teacher_cfg=setup["t_byte"],
+                    distill={"method": "logit"}, progress=False, data=setup["stu"])
+
+
+def test_token_byte_strings_of_the_byte_tokenizer():
+    from tern.distill import token_byte_strings
+    from tern.tokenizer import get_tokenizer
+
+    tb = token_byte_strings(get_tokenizer("byte"))
+    assert tb[65] == b"A" and len(tb) == 256
+
+
+def test_token_byte_strings_of_the_shipped_bpe():
+    from tern.distill import token_byte_strings
+    from tern.tokenizer import get_tokenizer
+
+    try:
+        tok = get_tokenizer("bpe1024")
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"shipped BPE tokenizer not available: {e}")
+    tb = token_byte_strings(tok)
+    text = "The quick brown fox, \u00e9t\u00e9 \u2014 ok\x1e"
+    ids = tok.encode(text)
+    assert b"".join(tb[i] for i in ids) == text.encode("utf-8")
