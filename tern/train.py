@@ -39,8 +39,8 @@ from .train_checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .train_config import TrainConfig, schedule
 from .train_data import ArraySource, CorpusSource
 
-__all__ = ["TrainConfig", "run_training", "load_checkpoint", "launch_torchrun", "ArraySource",
-           "CorpusSource", "make_nll_fn"]
+__all__ = ["TrainConfig", "run_training", "load_checkpoint", "launch_torchrun", "train_auto",
+           "preset_configs", "ArraySource", "CorpusSource", "make_nll_fn"]
 
 LOG_NAME = "train_log.jsonl"
 CKPT_NAME = "checkpoint.pt"
@@ -383,6 +383,31 @@ def launch_torchrun(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str
     if r.returncode != 0:
         raise RuntimeError(f"torchrun exited with code {r.returncode}: {' '.join(cmd)}")
     return json.loads((out / RESULT_NAME).read_text(encoding="utf-8"))
+
+
+def preset_configs(preset: str = "sandbox", smoke: bool = False, minutes: float = 20.0,
+                   **train_overrides: Any) -> tuple[ModelConfig, TrainConfig]:
+    """The (ModelConfig, TrainConfig) the notebooks train: a ``minutes`` budget with
+    periodic validation, or with ``smoke`` a few steps on short sequences with a small
+    validation subset (seconds on a CPU)."""
+    mcfg = load_config(preset)
+    if smoke:
+        kw: dict[str, Any] = dict(steps=3, batch_size=2, seq_len=64, warmup_steps=1, eval_every=3,
+                                  eval_tokens=512, final_eval_tokens=2048, log_every=1)
+    else:
+        kw = dict(minutes=minutes, seq_len=min(256, mcfg.max_seq_len), eval_every=200, log_every=10)
+    kw.update(train_overrides)
+    return mcfg, TrainConfig.from_dict(kw)
+
+
+def train_auto(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path,
+               progress: bool = True) -> dict[str, Any]:
+    """Several CUDA devices: :func:`launch_torchrun` with one process each (DDP, nccl);
+    otherwise :func:`run_training` in this process."""
+    n = torch.cuda.device_count() if train_cfg.device != "cpu" else 0
+    if n > 1:
+        return launch_torchrun(model_cfg, train_cfg, out_dir, nproc=n)
+    return run_training(model_cfg, train_cfg, out_dir, progress=progress)
 
 
 # ---- command line ----------------------------------------------------------------------

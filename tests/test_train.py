@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from tern.config import ModelConfig
+from tern.plots.training import plot_run
 from tern.records import read_jsonl
-from tern.train import TrainConfig, load_checkpoint, make_nll_fn, run_training
+from tern.train import TrainConfig, load_checkpoint, make_nll_fn, preset_configs, run_training
 from tern.train_config import schedule
 from tern.train_data import ArraySource, sample_windows, val_windows
 
@@ -88,6 +89,29 @@ def test_tiny_run_lowers_loss_and_reports(tmp_path):
     x = np.arange(32, dtype=np.int64)[None] % 64
     nll = make_nll_fn(model)(x[:, :-1], x[:, 1:])
     assert np.isfinite(nll) and nll > 0
+    paths = plot_run(tmp_path / "train_log.jsonl", tmp_path / "plots")
+    assert [p.name for p in paths] == ["train_curves.png", "train_sparsity.png", "train_expert_load.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_preset_configs_and_cli_arguments():
+    m, t = preset_configs("sandbox", smoke=True)
+    assert m.name == "sandbox" and t.steps == 3 and t.final_eval_tokens > 0
+    m, t = preset_configs("30m", minutes=5)
+    assert t.minutes == 5 and t.steps == 0 and t.seq_len == 256
+    import argparse
+
+    from tern.train import cli_configure, configs_from_args
+
+    p = argparse.ArgumentParser()
+    cli_configure(p)
+    m, t = configs_from_args(p.parse_args(["--preset", "sandbox", "--steps", "7", "--set", "d_state=8",
+                                           "--train-set", "schedule=two_stage", "--lr", "0.01"]))
+    assert m.d_state == 8 and t.steps == 7 and t.schedule == "two_stage" and t.lr == 0.01
+    m, t = configs_from_args(p.parse_args([]))
+    assert t.minutes == 20.0
+    with pytest.raises(ValueError, match="unknown"):
+        configs_from_args(p.parse_args(["--set", "bogus=1"]))
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
