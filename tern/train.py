@@ -401,13 +401,16 @@ def preset_configs(preset: str = "sandbox", smoke: bool = False, minutes: float 
 
 
 def train_auto(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path,
-               progress: bool = True) -> dict[str, Any]:
-    """Several CUDA devices: :func:`launch_torchrun` with one process each (DDP, nccl);
-    otherwise :func:`run_training` in this process."""
+               progress: bool = True, data: Any = None) -> dict[str, Any]:
+    """Several CUDA devices: :func:`launch_torchrun` with one process each (DDP, nccl, the
+    default corpus source); otherwise :func:`run_training` in this process (``data``:
+    an optional data source)."""
     n = torch.cuda.device_count() if train_cfg.device != "cpu" else 0
     if n > 1:
+        if data is not None:
+            raise ValueError("train_auto: a custom data source cannot be passed to torchrun processes")
         return launch_torchrun(model_cfg, train_cfg, out_dir, nproc=n)
-    return run_training(model_cfg, train_cfg, out_dir, progress=progress)
+    return run_training(model_cfg, train_cfg, out_dir, progress=progress, data=data)
 
 
 # ---- command line ----------------------------------------------------------------------

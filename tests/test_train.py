@@ -11,7 +11,15 @@ import torch
 from tern.config import ModelConfig
 from tern.plots.training import plot_run
 from tern.records import read_jsonl
-from tern.train import TrainConfig, load_checkpoint, make_nll_fn, preset_configs, run_training
+from tern.train import (
+    TrainConfig,
+    cli_render,
+    load_checkpoint,
+    make_nll_fn,
+    preset_configs,
+    run_training,
+    train_auto,
+)
 from tern.train_config import schedule
 from tern.train_data import ArraySource, sample_windows, val_windows
 
@@ -92,6 +100,13 @@ def test_tiny_run_lowers_loss_and_reports(tmp_path):
     paths = plot_run(tmp_path / "train_log.jsonl", tmp_path / "plots")
     assert [p.name for p in paths] == ["train_curves.png", "train_sparsity.png", "train_expert_load.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+    text = cli_render(r)
+    assert "30 steps" not in text and "steps 30" in text and "layer 1 experts" in text
+
+
+def test_train_auto_trains_in_process_without_several_gpus(tmp_path):
+    r = train_auto(CFG, tc(steps=2, device="cpu"), tmp_path, progress=False, data=source())
+    assert r["world_size"] == 1 and r["steps"] == 2 and r["device"] == "cpu"
 
 
 def test_preset_configs_and_cli_arguments():
