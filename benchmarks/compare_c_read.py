@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="working set in MiB (default: max(1 GiB, 8 x last-level cache))")
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
     ap.add_argument("--min-time", type=float, default=0.2, help="seconds per timed run (default 0.2)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs per side (default 5)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per side and round (default 3)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="C and numba take turns this many times, so drift on a shared machine "
+                         "hits both sides alike (default 3)")
     ap.add_argument("--cc", default="gcc", help="C compiler (default gcc)")
     ap.add_argument("--out", default="results/bench_c_read.jsonl", help="JSONL file rows are appended to")
     args = ap.parse_args(argv)
@@ -69,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     timing = TimingConfig(min_time_s=args.min_time, repeats=args.repeats, warmup_s=args.min_time / 4)
     cc_version = subprocess.run([args.cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
-    print(f"read bandwidth at {format_bytes(ws)} (LLC {format_bytes(llc)}), {args.repeats} runs "
-          f">= {args.min_time} s each; C: {cc_version}", file=sys.stderr)
+    print(f"read bandwidth at {format_bytes(ws)} (LLC {format_bytes(llc)}), {args.rounds} rounds x "
+          f"{args.repeats} runs >= {args.min_time} s per side; C: {cc_version}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         exe, flags = compile_c(args.cc, Path(tmp))
         if "-fopenmp" not in flags:
@@ -81,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             if t > 1 and "-fopenmp" not in flags:
                 print(f"{t:>7} skipped: the C side has no OpenMP", file=sys.stderr)
                 continue
-            c = run_c(exe, ws, t, timing)
-            buffers = buffers or SweepBuffers(ws)
-            point, timing_nb = measure_point("read", ws, t, buffers, timing)
-            c_sum = summarize(c["gbps_runs"])
-            nb_sum = summarize([r / 1e9 for r in timing_nb.rates(point.working_set_bytes)])
+            c_runs: list[float] = []
+            nb_runs: list[float] = []
+            for _ in range(args.rounds):
+                c = run_c(exe, ws, t, timing)
+                c_runs += c["gbps_runs"]
+                buffers = buffers or SweepBuffers(ws)
+                point, timing_nb = measure_point("read", ws, t, buffers, timing)
+                nb_runs += [r / 1e9 for r in timing_nb.rates(point.working_set_bytes)]
+            c_sum, nb_sum = summarize(c_runs), summarize(nb_runs)
             ratio = nb_sum["median"] / c_sum["median"]
             print(f"{t:>7} {c_sum['median']:>8.1f} {nb_sum['median']:>10.1f} {ratio:>8.3f}  "
                   f"[{c_sum['max']:.1f} / {nb_sum['max']:.1f}]")
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 **run_metadata(threads=t), "benchmark": "c_read_vs_numba_read",
                 "working_set_bytes": point.working_set_bytes, "c_working_set_bytes": c["working_set_bytes"],
                 "c_compiler": cc_version, "c_flags": flags, "c_openmp": "-fopenmp" in flags,
-                "min_time_s": args.min_time,
+                "min_time_s": args.min_time, "rounds": args.rounds,
                 "c_gbps": c_sum, "numba_gbps": nb_sum, "numba_over_c_median": ratio,
             })
     print(f"rows appended to {args.out}", file=sys.stderr)
