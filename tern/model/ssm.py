@@ -79,7 +79,8 @@ class SSMMixer(nn.Module):
         dt, Bm, Cm = self._proj(uc)
         A = -torch.exp(self.A_log)  # (Di, N)
         h0 = state["h"] if state is not None else None
-        y, hT = selective_scan(uc, dt.contiguous(), A, Bm.contiguous(), Cm.contiguous(), h0,
+        f32 = [t.float().contiguous() for t in (uc, dt, Bm, Cm)]  # the scan runs in fp32 (autocast)
+        y, hT = selective_scan(f32[0], f32[1], A, f32[2], f32[3], h0,
                                impl=self.scan_impl)  # (B, T, Di), (B, Di, N)
         y = y + self.D * uc
         out = self.out_proj(y * F.silu(z))  # (B, T, D)
