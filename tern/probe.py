@@ -7,6 +7,11 @@ Caches come from ``/sys`` (:mod:`tern.probe_caches`), bandwidth from numba read 
 triad kernels swept over working sets (:mod:`tern.probe_bandwidth`), kernel throughput
 from the matvec registry (:mod:`tern.kernel_bench`). All figures: GB/s = 1e9 bytes/s,
 G ops/s with a multiply-add counted as 2 ops.
+
+Threads: numba's OpenMP layer with libgomp's default wait policy (spin, then sleep) made
+every parallel call cost ~50 ms on a busy 2-core VM; with ``OMP_WAIT_POLICY=PASSIVE`` it
+cost ~0.3 ms. The probe does not change that process-wide setting; it records it in
+``host["threading_env"]``. Set it before Python starts when the machine is shared.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ DEFAULT_OUT = "results/host_profile.json"
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
              "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "asimd", "asimddp", "sve")
 LEVEL_NAMES = ("L1", "L2", "L3", "L4")
+THREADING_ENV = ("NUMBA_THREADING_LAYER", "NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                 "OMP_NUM_THREADS")
 
 
 # ---- configuration ------------------------------------------------------------------------
@@ -85,7 +92,7 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
                             thread_counts=threads, timing=t)
         return ProbeConfig(sweep=sweep, kernel_timing=t, quick=True, sys_root=sys_root)
     sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=4, kernels=kernels or KERNELS,
-                        thread_counts=threads, timing=TimingConfig())
+                        thread_counts=threads, timing=TimingConfig(min_time_s=0.1, repeats=3, warmup_s=0.01))
     return ProbeConfig(sweep=sweep, kernel_sizes=((1024, 1024), (4096, 4096)), sys_root=sys_root)
 
 
@@ -127,6 +134,8 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]
         "os": platform.platform(),
         "thread_counts": list(thread_counts),
         "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
+        # thread wake-up cost depends on these (e.g. libgomp's default spin-then-sleep)
+        "threading_env": {k: os.environ.get(k) for k in THREADING_ENV},
     })
     return facts
 
