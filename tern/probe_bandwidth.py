@@ -255,7 +255,8 @@ def measure_point(kernel: str, working_set_bytes: int, threads: int, buffers: Sw
     arrays = buffers.arrays(kernel, n)
     ws = n * 8 * N_ARRAYS[kernel]
     with numba_threads(threads):
-        t = timed_runs(lambda passes: run_passes(kernel, arrays, threads, passes), timing, count_hint)
+        t = timed_runs(lambda passes: run_passes(kernel, arrays, threads, passes), timing, count_hint,
+                       fixed_cost_check=threads > 1)
     s = summarize([r / 1e9 for r in t.rates(ws)])  # GB/s per run
     point = BandwidthPoint(kernel=kernel, threads=threads, working_set_bytes=ws,
                            gbps_best=s["max"], gbps_median=s["median"], repeats=int(s["repeats"]))

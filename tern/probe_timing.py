@@ -55,9 +55,11 @@ def _timed(run: Callable[[int], None], count: int) -> float:
 
 
 def timed_runs(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 1,
-               max_count: int = 1 << 40) -> Timing:
+               max_count: int = 1 << 40, fixed_cost_check: bool = True) -> Timing:
     """Warm up, calibrate and time ``run``. ``count_hint`` is a first guess of the count
-    that lasts ``cfg.warmup_s`` (e.g. from the previous working-set size)."""
+    that lasts ``cfg.warmup_s`` (e.g. from the previous working-set size).
+    ``fixed_cost_check``: make sure a fixed cost per ``run`` call (not per count) does not
+    dominate; needed when one call starts threads, skipped for single-thread kernels."""
     count = max(1, min(int(count_hint), max_count))
     dt = _timed(run, count)  # the first run also warms caches (and compiles, if needed)
     while dt < cfg.warmup_s and count < max_count:  # warm up for at least warmup_s
@@ -67,7 +69,7 @@ def timed_runs(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 
     # cost tens of ms) must not set the count: grow it until doubling the count about
     # doubles the time (jumping up to 8x while it does not), up to max_calibration_s a run.
     cap_s = max(cfg.min_time_s, cfg.max_calibration_s)
-    while count < max_count:
+    while fixed_cost_check and count < max_count:
         doubled = min(max_count, 2 * count)
         dt2 = _timed(run, doubled)
         if dt2 >= 1.6 * dt or dt2 >= cap_s or doubled >= max_count:
