@@ -444,7 +444,8 @@ schema = 1
 name = "smoke"
 question = "Smoke test of the harness: a one-layer model, fp32 against ternary MLP, 2 steps."
 preregistration = '''Not a finding: 2 training steps of a 1-layer d_model 32 model exercise the
-harness (pairing, registry, verdict) end to end. Budget: 2 steps x 2 x 32 tokens per arm.'''
+harness (pairing, registry, verdict) end to end. Budget: 2 steps x 2 x 32 tokens per arm;
+validation BPB on the first 4,096 validation tokens only (a quick estimate).'''
 metric = "val_bpb"
 record = ["sparsity", "tokens_per_s"]
 seeds = [0, 1, 2]
@@ -458,6 +459,7 @@ seq_len = 32
 [common]
 preset = "sandbox"
 model = { d_model = 32, n_layers = 1, attn_layers = [], moe_layers = [], mlp_hidden = 64, n_experts = 0, top_k = 0, expert_hidden = 0, n_shared = 0, shared_hidden = 0, max_seq_len = 32 }
+train = { final_eval_tokens = 4096, warmup_steps = 1 }
 
 [arms.A]
 label = "fp32 MLP"
