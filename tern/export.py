@@ -462,6 +462,20 @@ def export(src: Any, path: str | os.PathLike, tokenizer: Any = None, progress: b
     if missing:
         raise ValueError(f"export: state_dict lacks tensors {missing[:5]}{'...' if len(missing) > 5 else ''}")
 
+    def tern(name: str, shape: tuple[int, ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        a = arr(name, shape).reshape(-1, shape[-2], shape[-1])  # (n, rows, cols), checked
+        t = state[name]
+        if not hasattr(t, "detach"):
+            yield from (quantize_weights(m) for m in a)
+            return
+        import torch
+
+        from .model.ternary import weight_ternary  # the model's own quantizer: bit-exact
+
+        for m in torch.from_numpy(a):
+            wt, s = weight_ternary(m)
+            yield wt.to(torch.int8).numpy(), s.reshape(-1).numpy()
+
     def arr(name: str, shape: tuple[int, ...]) -> np.ndarray:
         t = state[name]
         a = t.detach().to("cpu").float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
@@ -474,11 +488,11 @@ def export(src: Any, path: str | os.PathLike, tokenizer: Any = None, progress: b
     with _PackedWriter(path, cfg, tokenizer_identity(tokenizer), _creator("export")) as w:
         for spec in tqdm(specs, desc="export", unit="tensor", disable=not progress, file=sys.stderr):
             pack = w.packing[spec.name]
-            a = arr(spec.name, spec.shape)
             if pack["format"] in TERNARY_FORMATS:
-                mats = a.reshape(-1, spec.shape[-2], spec.shape[-1])  # (n, rows, cols)
-                _write_ternary(w, spec, pack, (quantize_weights(m) for m in mats))
-            elif a.ndim >= 2:
+                _write_ternary(w, spec, pack, tern(spec.name, spec.shape))
+                continue
+            a = arr(spec.name, spec.shape)
+            if a.ndim >= 2:
                 flat = a.reshape(-1, a.shape[-1])
                 _write_dense(w, spec, pack["format"], (flat[r0:r1] for r0, r1 in _row_blocks(len(flat), a.shape[-1])))
             else:
