@@ -52,14 +52,16 @@ REGISTRY_SCHEMA = 1
 Runner = Callable[..., dict]
 
 JSON_FIELDS = """\
-  run:  the verdict record: {record: "gate_verdict", gate, gate_hash, verdict
+  every object has command ("run" | "dry-run" | "list" | "show" | "plot")
+  run:  {verdicts: [one verdict record per gate file, in order]}; a verdict record is
+        {record: "gate_verdict", gate, gate_hash, verdict
         ("pass" | "fail" | "inconclusive"), metric, rule: {text, kind, op, margin, k_sigma},
         comparisons: [{b, a, n, mean_delta, sd_delta, se_delta, z, lo, hi, verdict, reason,
         per_seed: [{seed, a, b, delta}]}], arms: {arm: {n, mean, se, per_seed: {seed: value},
         total_params, active_params, recorded: {metric: mean}}}, runs_reused, runs_trained,
         registry, content (the gate file), run_metadata}
-        (--dry-run: {gate, gate_hash, runs: [{arm, seed, done}], runs_total, runs_done,
-        train_tokens_per_run, train_tokens_total, teacher_steps})
+        (--dry-run: {plans: [{gate, gate_hash, runs: [{arm, seed, done}], runs_total,
+        runs_done, train_tokens_per_run, train_tokens_total, teacher_steps}]})
   list: {registry, gates: [{gate, gate_hash, verdict, rule, metric, comparisons:
         [{b, a, n, mean_delta, se_delta, z, verdict}], runs_done, runs_total, timestamp}]}
   show: {gate, gate_hash, verdict record (as run) or null, runs: [gate_run rows]}
@@ -534,7 +536,8 @@ def format_verdict(v: dict[str, Any]) -> str:
 def cli_configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="gate_cmd", metavar="<run|list|show|plot>", required=True)
     r = sub.add_parser("run", help="run (or resume) a gate file and append its verdict")
-    r.add_argument("file", help="gate TOML file (see gates/)")
+    r.add_argument("files", nargs="+", metavar="file",
+                   help="gate TOML file(s), run one after the other (e.g. gates/*.toml)")
     r.add_argument("--dry-run", action="store_true", help="validate and list the runs; train nothing")
     r.add_argument("--work-dir", default=None, help="teacher checkpoints (default: next to the registry)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
@@ -556,11 +559,11 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
 def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     registry = Path(args.registry) if args.registry else default_registry()
     if args.gate_cmd == "run":
-        spec = load_gate(args.file)
+        specs = [load_gate(f) for f in args.files]  # all validated before anything trains
         if args.dry_run:
-            return {"command": "dry-run", **plan(spec, registry)}
-        return {"command": "run", **run_gate(spec, registry, work_dir=args.work_dir,
-                                             progress=not args.quiet)}
+            return {"command": "dry-run", "plans": [plan(s, registry) for s in specs]}
+        return {"command": "run", "verdicts": [run_gate(s, registry, work_dir=args.work_dir,
+                                                        progress=not args.quiet) for s in specs]}
     if args.gate_cmd == "list":
         return {"command": "list", "registry": str(registry), "gates": list_gates(registry)}
     if args.gate_cmd == "show":
@@ -577,18 +580,19 @@ def cli_render(result: dict[str, Any]) -> str:
     if cmd == "list":
         return format_table(result["gates"]) if result["gates"] else f"no gates in {result['registry']}"
     if cmd == "run":
-        return format_verdict(result)
+        return "\n\n".join(format_verdict(v) for v in result["verdicts"])
     if cmd == "show":
         if result["verdict"]:
             return format_verdict(result["verdict"])
         return (f"gate {result['gate']} [{result['gate_hash'][:12]}]: no verdict yet, "
                 f"{len(result['runs'])} run(s) finished")
     if cmd == "dry-run":
-        done = result["runs_done"]
-        return (f"gate {result['gate']} [{result['gate_hash'][:12]}]: {result['runs_total']} runs "
-                f"({done} already done), {result['train_tokens_per_run']:,} train tokens per arm run, "
-                f"{result['train_tokens_total']:,} in all arm runs; teacher steps "
-                f"{result['teacher_steps'] or 'none'}")
+        lines = [f"gate {p['gate']} [{p['gate_hash'][:12]}]: {p['runs_total']} runs "
+                 f"({p['runs_done']} already done), {p['train_tokens_per_run']:,} train tokens per "
+                 f"arm run, {p['train_tokens_total']:,} in all arm runs; teacher steps "
+                 f"{p['teacher_steps'] or 'none'}" for p in result["plans"]]
+        total = sum(p["train_tokens_total"] for p in result["plans"])
+        return "\n".join(lines + [f"all arm runs: {total:,} train tokens (teachers not included)"])
     return "\n".join(result["figures"])
 
 

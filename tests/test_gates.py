@@ -380,6 +380,12 @@ def test_list_show_plan_and_cli(tmp_path, capsys):
     assert "PASS" in out and "Decided before" in out and "s2: +0.03000" in out
     assert cli.main(["gate", "list", "--registry", str(reg)]) == 0
     assert "toy" in capsys.readouterr().out
+    # a bad gate among several files fails before anything trains
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GATE_TOML.format(rule="B is better"), encoding="utf-8")
+    before = reg.read_bytes()
+    assert cli.main(["gate", "run", str(gate), str(bad), "--registry", str(reg)]) == 2
+    assert "rule" in capsys.readouterr().err and reg.read_bytes() == before
     assert cli.main(["gate", "show", "nope", "--registry", str(reg)]) == 2
 
 
