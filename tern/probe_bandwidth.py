@@ -283,13 +283,16 @@ def working_set_sizes(min_bytes: int, max_bytes: int, points_per_octave: int) ->
 class SweepConfig:
     min_ws_bytes: int = 4 * KIB
     max_ws_bytes: int = 512 * MIB
-    points_per_octave: int = 4
+    points_per_octave: int = 4  # for the read kernel (the decode roof)
+    stream_points_per_octave: int | None = None  # copy and triad (None: as read)
     kernels: tuple[str, ...] = KERNELS
     thread_counts: tuple[int, ...] = (1,)
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
         working_set_sizes(self.min_ws_bytes, self.max_ws_bytes, self.points_per_octave)
+        if self.stream_points_per_octave is not None and self.stream_points_per_octave < 1:
+            raise ValueError(f"stream_points_per_octave must be >= 1, got {self.stream_points_per_octave}")
         bad = [k for k in self.kernels if k not in KERNELS]
         if bad or not self.kernels:
             raise ValueError(f"unknown or no bandwidth kernels {list(self.kernels)}; choose from {KERNELS}")
@@ -298,11 +301,13 @@ class SweepConfig:
         for t in self.thread_counts:
             check_threads(t)
 
-    def sizes(self) -> list[int]:
-        return working_set_sizes(self.min_ws_bytes, self.max_ws_bytes, self.points_per_octave)
+    def sizes(self, kernel: str = "read") -> list[int]:
+        ppo = self.points_per_octave if kernel == "read" else (self.stream_points_per_octave
+                                                               or self.points_per_octave)
+        return working_set_sizes(self.min_ws_bytes, self.max_ws_bytes, ppo)
 
     def n_points(self) -> int:
-        return len(self.sizes()) * len(self.kernels) * len(self.thread_counts)
+        return sum(len(self.sizes(k)) for k in self.kernels) * len(self.thread_counts)
 
 
 def default_max_ws_bytes(llc_bytes: int, quick: bool = False) -> int:
@@ -317,13 +322,13 @@ def sweep(cfg: SweepConfig, progress: bool = True,
     """Every (kernel, threads, working set) point of ``cfg``, small to large sizes."""
     from tqdm import tqdm
 
-    sizes = cfg.sizes()
     compile_kernels()
-    buffers = buffers or SweepBuffers(max(sizes))
+    buffers = buffers or SweepBuffers(cfg.max_ws_bytes)
     points: list[BandwidthPoint] = []
     with tqdm(total=cfg.n_points(), desc="bandwidth", unit="pt", disable=not progress,
               leave=False, file=sys.stderr, mininterval=0.5) as bar:
         for kernel in cfg.kernels:
+            sizes = cfg.sizes(kernel)
             for threads in cfg.thread_counts:
                 passes_per_s = 0.0
                 for ws in sizes:

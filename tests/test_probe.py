@@ -295,13 +295,15 @@ def test_probe_config_caps_working_set_by_ram(monkeypatch):
     assert cfg.sweep.max_ws_bytes == 256 * MIB
 
 
-def test_probe_configs_quick_and_full():
+def test_probe_configs_quick_and_full(monkeypatch):
+    monkeypatch.setattr(probe, "_available_ram_bytes", lambda: 64 * 1024 * MIB)
     fix = str(FIX / "sys_ryzen5_3600x")  # LLC 2 x 16 MiB
     q = probe.probe_config(quick=True, thread_counts=(1,), sys_root=fix)
     assert q.quick and q.sweep.kernels == ("read",) and q.sweep.points_per_octave == 2
     assert q.sweep.max_ws_bytes >= 4 * 32 * MIB  # past the last-level cache
     f = probe.probe_config(quick=False, thread_counts=(1,), sys_root=fix)
     assert set(f.sweep.kernels) == {"read", "copy", "triad"} and f.sweep.points_per_octave == 4
+    assert len(f.sweep.sizes("read")) == 4 * 17 + 1 and len(f.sweep.sizes("copy")) == 2 * 17 + 1
     assert f.sweep.timing.min_time_s >= 0.1 and f.sweep.timing.repeats >= 3
     assert f.sweep.min_ws_bytes == 4 * KIB and f.sweep.max_ws_bytes >= 512 * MIB
     assert (1024, 1024) in f.kernel_sizes
