@@ -220,23 +220,25 @@ def _creator(function: str, **extra: Any) -> dict[str, Any]:
 
 
 def tokenizer_identity(tokenizer: Any) -> dict[str, str] | None:
-    """``{"name", "sha256"}`` of a tokenizer given as a name string, a dict with those keys,
-    or an object with ``name`` (and ``to_str()`` for the hash); None for None."""
+    """``{"name", "sha256"}`` of a tokenizer given as an object with ``name`` and ``hash``
+    (tern.tokenizer), a dict with those keys, or a name (resolved with
+    tern.tokenizer.get_tokenizer when it can be, else stored with an empty hash); None for None."""
     if tokenizer is None:
         return None
     if isinstance(tokenizer, str):
-        return {"name": tokenizer, "sha256": ""}
+        try:
+            from .tokenizer import get_tokenizer
+
+            tokenizer = get_tokenizer(tokenizer)
+        except (ValueError, OSError, ImportError):
+            return {"name": tokenizer, "sha256": ""}
     if isinstance(tokenizer, dict):
         if not isinstance(tokenizer.get("name"), str):
             raise ValueError(f"tokenizer identity needs a 'name' string, got {tokenizer!r}")
         return {"name": tokenizer["name"], "sha256": str(tokenizer.get("sha256", ""))}
-    name = getattr(tokenizer, "name", None)
-    if not isinstance(name, str):
-        raise ValueError(f"cannot tell the name of tokenizer {tokenizer!r}")
-    digest = ""
-    to_str = getattr(tokenizer, "to_str", None)
-    if callable(to_str):
-        digest = hashlib.sha256(to_str().encode("utf-8")).hexdigest()
+    name, digest = getattr(tokenizer, "name", None), getattr(tokenizer, "hash", "")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise ValueError(f"cannot tell the name and hash of tokenizer {tokenizer!r}")
     return {"name": name, "sha256": digest}
 
 

@@ -299,21 +299,23 @@ class Engine:
             recent = (recent + [tok])[-penalty_window:]
             self._run(tok)
 
-    def nll(self, tokens: Sequence[int] | np.ndarray, reset: bool = True) -> np.ndarray:
-        """Per-position negative log-likelihood (nats, float64) of tokens[1:] given the
-        prefix: feeds tokens[:-1] one by one."""
-        toks = np.asarray(tokens)
-        if toks.ndim != 1 or toks.size < 2:
-            raise ValueError("nll needs a 1-D sequence of at least 2 token ids")
-        if reset:
+    def nll_sum(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Summed negative log-likelihood (nats) of every ``y[b, t]`` given ``x[b, :t + 1]``,
+        each row from an empty state: the ``nll_fn`` of :func:`tern.data.val_bpb`.
+        x, y: int arrays (B, T). Leaves the engine reset."""
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim != 2 or x.shape != y.shape:
+            raise ValueError(f"nll_sum expects x and y of one shape (B, T), got {x.shape} and {y.shape}")
+        total = 0.0
+        for b in range(x.shape[0]):
             self.reset()
-        out = np.empty(toks.size - 1, np.float64)
-        for i in range(toks.size - 1):
-            self._run(self.check_token(toks[i]))
-            z = self.logits.astype(np.float64)
-            m = z.max()
-            out[i] = m + np.log(np.exp(z - m).sum()) - z[self.check_token(toks[i + 1])]
-        return out
+            for t in range(x.shape[1]):
+                self._run(self.check_token(x[b, t]))
+                z = self.logits.astype(np.float64)  # (V,)
+                m = z.max()
+                total += m + np.log(np.exp(z - m).sum()) - z[self.check_token(y[b, t])]
+        self.reset()
+        return float(total)
 
     def close(self) -> None:
         self.model.close()
