@@ -29,15 +29,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+os.environ.setdefault("GOMP_SPINCOUNT", "2000")  # before torch loads libgomp: see tern/model/__init__.py
 
-from .config import ModelConfig, load_config, param_counts
-from .records import append_jsonl, atomic_write_json, run_metadata
-from .train_checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from .train_config import TrainConfig, schedule
-from .train_data import ArraySource, CorpusSource
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from .config import ModelConfig, load_config, param_counts  # noqa: E402
+from .records import append_jsonl, atomic_write_json, run_metadata  # noqa: E402
+from .train_checkpoint import load_checkpoint, read_checkpoint, save_checkpoint  # noqa: E402
+from .train_config import TrainConfig, schedule  # noqa: E402
+from .train_data import ArraySource, CorpusSource  # noqa: E402
 
 __all__ = ["TrainConfig", "run_training", "load_checkpoint", "launch_torchrun", "train_auto",
            "preset_configs", "ArraySource", "CorpusSource", "make_nll_fn"]
