@@ -25,6 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "design": ("tern.design", "design search: active budget and configs reaching a target tok/s"),
     "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
     "train": ("tern.train", "train a model (CPU/CUDA/torchrun DDP): val BPB, tok/s, sparsity, expert load"),
+    "export": ("tern.export", "packed model files: export a checkpoint, write a random model, validate"),
+    "generate": ("tern.engine.cli", "stream text from a packed model with the numba engine"),
+    "bench": ("tern.bench", "decode benchmarks of the numba engine (ladder: tok/s and BPB per optimization)"),
     "gate": ("tern.gates", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
     "report": ("tern.report", "run the numbered notebooks into one self-contained HTML report"),
 }

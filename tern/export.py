@@ -219,6 +219,17 @@ def _creator(function: str, **extra: Any) -> dict[str, Any]:
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
+def default_tokenizer(cfg: ModelConfig) -> str | None:
+    """The kit's default tokenizer name when its vocabulary size is the config's, else None
+    (what a random model records when no tokenizer is given)."""
+    try:
+        from .tokenizer import DEFAULT_TOKENIZER, get_tokenizer
+
+        return DEFAULT_TOKENIZER if get_tokenizer(DEFAULT_TOKENIZER).vocab_size == cfg.vocab_size else None
+    except (ValueError, OSError, ImportError):
+        return None
+
+
 def tokenizer_identity(tokenizer: Any) -> dict[str, str] | None:
     """``{"name", "sha256"}`` of a tokenizer given as an object with ``name`` and ``hash``
     (tern.tokenizer), a dict with those keys, or a name (resolved with
@@ -762,3 +773,52 @@ def validate_packed(path: str | os.PathLike, check: str = "full") -> dict[str, A
     with load_packed(path, check=check) as m:
         return {"path": str(m.path), "config": m.cfg.to_dict(), "file_bytes": m.file_bytes,
                 "tokenizer": m.tokenizer, "creator": m.creator, "check": check}
+
+
+# ---- command line -----------------------------------------------------------------------
+
+JSON_FIELDS = """\
+  action: "export" | "random" | "validate"; path; file_bytes; seconds (wall time);
+  config: ModelConfig fields; tokenizer: {name, sha256} or null; creator; check"""
+
+
+def cli_configure(p: Any) -> None:
+    p.add_argument("source", nargs="?", help="checkpoint to export (tern train's checkpoint.pt)")
+    p.add_argument("out", nargs="?", help="packed model file to write")
+    p.add_argument("--random", metavar="CONFIG",
+                   help="write a random model of a preset or config JSON (no torch): tern export --random sandbox out.tern")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random")
+    p.add_argument("--tokenizer", help="tokenizer name recorded in the file (default: the checkpoint's)")
+    p.add_argument("--validate", metavar="FILE", help="validate a packed file and print its summary")
+    p.add_argument("--check", choices=CHECKS, default="full",
+                   help="validation depth: full (crc32 and ternary codes of every byte) or header")
+
+
+def cli_run(args: Any) -> dict[str, Any]:
+    import time
+
+    from .config import load_config
+
+    t0 = time.perf_counter()
+    if args.validate:
+        action, path = "validate", Path(args.validate)
+    elif args.random:
+        out = args.out or args.source
+        if not out:
+            raise ValueError("tern export --random CONFIG OUT: the output file is missing")
+        action, cfg = "random", load_config(args.random)
+        path = random_model(cfg, out, seed=args.seed, tokenizer=args.tokenizer or default_tokenizer(cfg))
+    else:
+        if not (args.source and args.out):
+            raise ValueError("usage: tern export CHECKPOINT OUT | --random CONFIG OUT | --validate FILE")
+        action = "export"
+        path = export(args.source, args.out, tokenizer=args.tokenizer)
+    summary = validate_packed(path, check=args.check)
+    return {"action": action, **summary, "seconds": time.perf_counter() - t0}
+
+
+def cli_render(r: dict[str, Any]) -> str:
+    tok = r["tokenizer"]["name"] if r["tokenizer"] else "none"
+    verb = {"validate": "valid", "random": "wrote random", "export": "exported"}[r["action"]]
+    return (f"{verb}: {r['path']} ({r['file_bytes'] / 1e6:.2f} MB, config {r['config']['name']}, "
+            f"tokenizer {tok}, {r['check']} check, {r['seconds']:.1f} s)")

@@ -27,6 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..config import tensor_specs
 from ..export import TERNARY_FORMATS, PackedModel, load_packed, to_float32
 from . import ops
 from .packing import expand_b3_to_ternary2, pack_ternary2
@@ -70,6 +71,9 @@ class Engine:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
             raise ValueError(f"threads={threads} exceeds numba's {numba.config.NUMBA_NUM_THREADS} threads")
+        # Launch numba's threading layer now: the per-token functions link parallel kernels,
+        # and calling them before the layer is up crashes (fused_call users included).
+        numba.get_num_threads()
         kernel = kernel or "ternary"
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -127,8 +131,7 @@ class Engine:
     def _build_tables(self) -> None:
         cfg, m = self.cfg, self.model
         if self.kernel == "fp32":
-            n_tern = sum(np.prod(t.shape) for k, t in m.tensors.items() if k.endswith(".packed"))
-            est = int(n_tern) * 4 * (5 if m.packing and any(p["format"] == "ternary_b3" for p in m.packing.values()) else 4)
+            est = sum(s.numel * 4 for s in tensor_specs(cfg) if m.packing[s.name]["format"] in TERNARY_FORMATS)
             if est > FP32_BASELINE_MAX_BYTES:
                 raise ValueError(f"the fp32 baseline would dequantize ~{est / 2**30:.1f} GiB of weights "
                                  f"(limit {FP32_BASELINE_MAX_BYTES / 2**30:.0f} GiB); use kernel='ternary'")
@@ -224,6 +227,9 @@ class Engine:
         self.last = np.zeros((self.n_moe, max(cfg.top_k, 1)), np.int64)
         self.logits = np.zeros(cfg.vocab_size, np.float32)
         self.expert_trace: list[np.ndarray] = []
+        self._before = (self.buf, self.aux, self.G, self.T, self.LI, self.eps)
+        self._after = (self.ssm_h, self.conv, self.kc, self.vc, self.pos, self.work, self.iwork, self.counts,
+                       self.last, self.logits)
 
     # ---- public API --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -250,15 +256,19 @@ class Engine:
             raise ValueError(f"token id {int(token)} is out of range 0..{self.cfg.vocab_size - 1}")
         return int(token)
 
+    def fused_call(self) -> tuple[Any, tuple, tuple]:
+        """``(fn, before, after)`` with ``fn(*before, token, *after)`` the bare numba
+        per-token call (ops.token_step) on this engine's buffers - no checks, for timing
+        the Python overhead of :meth:`step` against it."""
+        return ops.token_step, self._before, self._after
+
     def _run(self, token: int) -> None:
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
         if self.fused:
-            ops.token_step(self.buf, self.aux, self.G, self.T, self.LI, self.eps, token, self.ssm_h,
-                           self.conv, self.kc, self.vc, self.pos, self.work, self.iwork, self.counts,
-                           self.last, self.logits)
+            ops.token_step(*self._before, token, *self._after)
         else:
-            buf, aux, G, T, LI, eps = self.buf, self.aux, self.G, self.T, self.LI, self.eps
+            buf, aux, G, T, LI, eps = self._before
             ops.embed_step(buf, aux, G, token, self.work)
             for layer in range(self.cfg.n_layers):
                 ops.mixer_step(buf, aux, G, T, LI, layer, eps, self.ssm_h, self.conv, self.kc, self.vc,
