@@ -215,3 +215,22 @@ def test_generate_ids_is_seeded_and_greedy_follows_argmax():
         for _ in range(4):
             seq.append(int(m(torch.tensor([seq]))[0, -1].argmax()))
     assert g == seq[3:]
+
+
+def test_fused_cpu_quantizers_match_the_torch_forms():
+    from tern.model.quant_numba import quant_input_cpu, ste_weight_cpu
+    from tern.model.ternary import _STEAct, _STEWeight, rms_normalize
+
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(3, 40, 24, generator=g)
+    torch.testing.assert_close(ste_weight_cpu(w), _STEWeight.apply(w), rtol=1e-6, atol=1e-6)
+    half = torch.tensor([[0.5, 1.5, 1.0, 1.0], [2.5, -0.5, 0.5, 0.5]])  # row means 1: ties
+    assert ste_weight_cpu(half).abs().tolist() == [[0, 1, 1, 1], [1, 0, 0, 0]]
+    x = (torch.randn(5, 7, 48, generator=g) * 3).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    y1, y2 = _STEAct.apply(rms_normalize(x, 1e-5)), quant_input_cpu(x2, 1e-5)
+    torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-5)
+    gy = torch.randn(y1.shape, generator=g)
+    (y1 * gy).sum().backward()
+    (y2 * gy).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)

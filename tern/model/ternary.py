@@ -75,13 +75,22 @@ class _STEAct(torch.autograd.Function):
 
 
 def quant_weight(w: torch.Tensor) -> torch.Tensor:
-    """Dequantized ternary weight with a straight-through gradient."""
+    """Dequantized ternary weight with a straight-through gradient (fused numba kernel on
+    CPU float32, torch ops elsewhere)."""
+    from . import quant_numba
+
+    if quant_numba.usable(w):
+        return quant_numba.ste_weight_cpu(w)
     return _STEWeight.apply(w)
 
 
 def quant_input(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS-normalised, int8-quantized (dequantized) input; straight-through rounding,
-    the RMS normalisation is differentiated exactly."""
+    the RMS normalisation is differentiated exactly (fused numba kernels on CPU float32)."""
+    from . import quant_numba
+
+    if quant_numba.usable(x):
+        return quant_numba.quant_input_cpu(x, eps)
     return _STEAct.apply(rms_normalize(x, eps))
 
 
