@@ -48,7 +48,6 @@ class TrainConfig:
     tokenizer: str = "bpe1024"
     device: str = "auto"
     amp: bool = True  # CUDA only: bf16 autocast, or fp16 + GradScaler where bf16 is missing
-    cpu_amp: bool = False  # CPU: bf16 autocast for the matmuls (fast where the CPU has avx512_bf16 / AMX)
     compile: bool = False
     threads: int = 0  # CPU threads for torch and numba; 0: leave the defaults
     eval_every: int = 0
@@ -87,7 +86,7 @@ class TrainConfig:
         check("device", self.device in DEVICES, f"one of {DEVICES}")
         check("scan_impl", self.scan_impl in ("auto", "numba", "torch"), "'auto', 'numba' or 'torch'")
         check("tokenizer", isinstance(self.tokenizer, str) and self.tokenizer, "a tokenizer name")
-        for n in ("amp", "cpu_amp", "compile"):
+        for n in ("amp", "compile"):
             check(n, isinstance(getattr(self, n), bool), "a bool")
         if not errors and (self.steps > 0) == (self.minutes > 0):
             errors.append(f"exactly one budget is needed: steps > 0 or minutes > 0 "
