@@ -31,7 +31,9 @@ SetupResult = tuple[Callable[[], None], int, int]  # (call, weight_bytes, ops)
 SetupFn = Callable[[int, int, int, np.random.Generator], SetupResult]
 
 # Modules that call register_kernel() when imported (add yours: one line).
-KERNEL_MODULES: tuple[str, ...] = ()
+KERNEL_MODULES: tuple[str, ...] = (
+    "tern.engine.ternary_variants",  # ternary_simd, ternary_unpack, ternary_bitplane, ternary_lut
+)
 
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((1024, 1024),)  # (rows, cols), cache-resident
 
