@@ -84,3 +84,47 @@ def test_real_worker_on_tiny_model(tmp_path):
     assert r["tok_per_s"] > 0 and r["repeats"] == 3 and r["peak_rss_bytes"] > 1e6
     assert r["tok_per_s_min"] <= r["tok_per_s"] <= r["tok_per_s_max"]
     assert json.loads(json.dumps(r))["name"] == "tiny-sweep"
+
+
+def _fake_rows():
+    out = []
+    for fam, budget, cfgs in (("fixed_active", "4m", fixed_active_family("4m", 5e7)),
+                              ("fixed_total", "4m", fixed_total_family("4m", 8, (1, 2)))):
+        for t in (1, 2):
+            for c in cfgs:
+                pc = param_counts(c)
+                out.append({"family": fam, "budget": budget, "threads": t, "config": c.to_dict(),
+                            "total_bytes": pc.total.bytes, "active_bytes": pc.active.bytes,
+                            "active_params": pc.active.params, "tok_per_s": 1000.0,
+                            "tok_per_s_min": 900.0, "tok_per_s_max": 1100.0,
+                            "predicted_tok_per_s": 1200.0, "ratio": 1000 / 1200})
+    return out
+
+
+def test_sweep_plots():
+    from tern.plots.sweep import plot_fixed_active, plot_fixed_total, plot_ratios
+
+    rows = _fake_rows()
+    fig = plot_fixed_active(rows, host())
+    assert len(fig.axes) == 2 and fig.axes[0].get_xscale() == "log"
+    assert "tok/s" in fig.axes[0].get_ylabel()
+    assert plot_fixed_total(rows).axes[0].get_xlabel().startswith("active bytes")
+    assert len(plot_ratios(rows).axes[0].lines) >= 4
+    with pytest.raises(ValueError):
+        plot_fixed_active([], host())
+
+
+def test_pick_10b_and_roof_table():
+    from tern.roofline import load_reference_profile
+    from tern.toward_10b import TEN_B_SPACE, pick_10b, roof_table, scaled_down
+
+    ref = load_reference_profile()
+    c = pick_10b(ref, 100.0, threads=1)
+    assert 9e9 <= c.total_params <= 11e9 and c.tok_per_s >= 110.0
+    rows = roof_table(c.config, {"ref": ref}, {"ref": [1, 6]})
+    assert [r["threads"] for r in rows] == [1, 6] and rows[0]["streamed_bound"] in ("L3", "DRAM")
+    small = scaled_down(c.config, 64)
+    assert small.n_experts == max(c.config.top_k, c.config.n_experts // 64)
+    slow = synthetic_profile(llc_bytes=1 << 20, cache_gbps=10.0, dram_gbps=1.0)
+    with pytest.raises(ValueError, match="no config"):
+        pick_10b(slow, 100.0, space=TEN_B_SPACE)
