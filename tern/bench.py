@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,7 @@ def run_ladder(model: str | Path | None = None, results: str | Path = "results",
             bpbs[name] = val_bpb(eng.nll_sum, tok, seq_len=seq_len, max_tokens=bpb_tokens,
                                  progress=progress)["bpb"]
     meta = run_metadata(threads)
+    meta["run_id"] = f"{meta['timestamp']}-{uuid.uuid4().hex[:8]}"  # groups this run's rows
     base = float(np.median(samples[engines[0][0]]))
     rows = []
     for i, (name, eng) in enumerate(engines):
@@ -257,3 +259,17 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def cli_render(result: dict[str, Any]) -> str:
     return SUBCOMMANDS[result["bench"]][3](result)
+
+
+def ladder_headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures notebook 05 reports (units in the keys) from a :func:`run_ladder` result."""
+    rows = result["rows"]
+    return {
+        "model_source": result["source"], "threads": result["threads"],
+        "baseline_tok_per_s": rows[0]["tok_per_s"]["median"],
+        "ladder_tok_per_s": rows[-1]["tok_per_s"]["median"],
+        "ladder_speedup_x": result["speedup"],
+        "python_overhead_us_per_token": result["overhead"]["overhead_s"] * 1e6,
+        "bpb_per_rung": [r["bpb"] for r in rows],
+        "measured_on": rows[0]["cpu"],
+    }

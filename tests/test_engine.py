@@ -13,7 +13,7 @@ from tern.export import export, random_model
 
 torch = pytest.importorskip("torch")
 
-FIXTURE = Path(__file__).parent / "fixtures" / "engine_tiny" / "model.pt"
+FIXTURE = Path(__file__).parent / "fixtures" / "engine_tiny" / "model.safetensors"
 # ssm + attention + ssm; dense MLP in layer 0, MoE (shared expert) in layers 1 and 2
 SMALL = ModelConfig(name="small", vocab_size=97, d_model=48, n_layers=3, attn_layers=(1,), n_heads=4,
                     attn_window=8, d_state=8, mlp_hidden=40, moe_layers=(1, 2), n_experts=5, top_k=2,
@@ -35,12 +35,29 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def load_fixture():
+    """(torch model in eval mode, ModelConfig) of the trained fixture (see its make.py)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from tern.model import build_model
+
+    with safe_open(str(FIXTURE), "pt") as f:
+        meta = f.metadata()
+    cfg = ModelConfig.from_json(meta["model_config"])
+    assert json.loads(meta["trained"])["steps"] > 100
+    model = build_model(cfg, seed=None)
+    model.load_state_dict(load_file(str(FIXTURE)))
+    return model.eval(), cfg
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from tern.train import load_checkpoint
-
-    model, cfg, _, _ = load_checkpoint(FIXTURE)
-    path = export(FIXTURE, tmp_path_factory.mktemp("eng") / "tiny.tern", progress=False)
+    model, cfg = load_fixture()
+    path = export((model, cfg), tmp_path_factory.mktemp("eng") / "tiny.tern", tokenizer="bpe1024",
+                  progress=False)
     return model, cfg, path
 
 
@@ -246,3 +263,88 @@ def test_random_sandbox_generates_sensibly(tmp_path):
         spreads.append(float(eng.logits.std()))
     assert 0.1 < min(spreads) and max(spreads) < 50
     assert len(set(toks)) > 100  # not stuck on a few tokens
+
+
+# ---- benchmark, plot and command line -----------------------------------------------------
+
+
+def test_ladder_rows_and_plot(trained, tmp_path):
+    from tern.bench import LADDER, ladder_headline, render_ladder, run_ladder
+    from tern.plots.engine import ladder_plot, latest_ladder
+    from tern.records import read_jsonl
+
+    r = run_ladder(trained[2], tmp_path, tokens=6, repeats=2, warmup=2, bpb_tokens=64, seq_len=32,
+                   progress=False)
+    rows = read_jsonl(tmp_path / "bench" / "ladder.jsonl")
+    assert [x["rung"] for x in rows] == [name for name, _ in LADDER] == [x["rung"] for x in r["rows"]]
+    for x in rows:
+        assert x["tok_per_s"]["repeats"] == 2 and x["tok_per_s"]["median"] > 0
+        assert x["threads"] == 1 and x["git_commit"] and x["bpb_tokens"] == 64
+    bpb = [x["bpb"] for x in rows]
+    assert len(set(bpb[1:])) == 1 and abs(bpb[0] - bpb[1]) < 1e-4  # all rungs, one model
+    assert rows[0]["speedup_vs_baseline"] == 1.0
+    o = r["overhead"]
+    assert o["step_s"] > 0 and o["njit_s"] > 0 and o["overhead_s"] == o["step_s"] - o["njit_s"]
+    assert "per-token Python overhead" in render_ladder(r)
+    assert ladder_headline(r)["ladder_speedup_x"] == r["speedup"]
+    run_ladder(trained[2], tmp_path, tokens=4, repeats=1, warmup=1, bpb_tokens=0, progress=False)
+    latest = latest_ladder(tmp_path / "bench" / "ladder.jsonl")  # the second run, no BPB
+    assert len(latest) == len(LADDER) and all(x["bpb"] is None for x in latest)
+    ladder_plot(tmp_path / "bench" / "ladder.jsonl", tmp_path / "ladder.png")
+    assert (tmp_path / "ladder.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="no ladder rows"):
+        latest_ladder([{"bench": "other"}])
+
+
+def _checkpoint(path):
+    """A tern training checkpoint of the fixture model (current checkpoint format)."""
+    from tern.train_checkpoint import save_checkpoint
+    from tern.train_config import TrainConfig
+
+    model, cfg = load_fixture()
+    return save_checkpoint(path, model, cfg, TrainConfig(steps=1), {"step": 0})
+
+
+def test_ladder_model_prefers_a_trained_checkpoint(tmp_path):
+    from tern.bench import ladder_model
+
+    path, source = ladder_model(tmp_path, "sandbox", progress=False)
+    assert source.startswith("random model") and path.is_file()
+    _checkpoint(tmp_path / "train_sandbox" / "checkpoint.pt")
+    path, source = ladder_model(tmp_path, "sandbox", progress=False)
+    assert source.startswith("trained checkpoint") and Engine(path).cfg.name == "engine-tiny"
+
+
+def test_cli_generate_export_bench(trained, tmp_path, capsys):
+    import json
+
+    from tern import cli
+    from tern.tokenizer import get_tokenizer
+
+    path = trained[2]
+    assert cli.main(["generate", "--model", str(path), "--prompt", "Once upon a time", "-n", "12",
+                     "--seed", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generated_tokens"] == 12 and isinstance(out["text"], str) and out["tokenizer"] == "bpe1024"
+    prompt = get_tokenizer("bpe1024").encode("Once upon a time")
+    assert out["token_ids"] == list(Engine(path).generate(prompt, 12, temperature=0.8, top_k=40, seed=3))
+    assert cli.main(["generate", "--model", str(path), "-n", "8", "--temperature", "0"]) == 0
+    streamed = capsys.readouterr().out
+    assert len(streamed.strip()) > 0
+    cfg_json = tmp_path / "small.json"
+    cfg_json.write_text(SMALL.to_json())
+    out_file = tmp_path / "r.tern"
+    assert cli.main(["export", "--random", str(cfg_json), str(out_file), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["action"] == "random" and r["config"]["name"] == "small" and out_file.is_file()
+    ckpt = _checkpoint(tmp_path / "ckpt.pt")
+    assert cli.main(["export", str(ckpt), str(tmp_path / "x.tern")]) == 0
+    assert "exported" in capsys.readouterr().out
+    assert cli.main(["export", "--validate", str(tmp_path / "x.tern"), "--check", "header"]) == 0
+    (tmp_path / "bad.tern").write_bytes(b"\x00" * 20)
+    assert cli.main(["export", "--validate", str(tmp_path / "bad.tern")]) == 2
+    assert "error" in capsys.readouterr().err
+    assert cli.main(["bench", "ladder", "--model", str(out_file), "--tokens", "3", "--repeats", "1",
+                     "--warmup", "1", "--bpb-tokens", "0", "--results", str(tmp_path), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["bench"] == "ladder" and len(r["rows"]) == 5

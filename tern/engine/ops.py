@@ -23,7 +23,7 @@ import numpy as np
 
 from ..model.scan_numba import fexp_nonpos
 from .kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
-from .kernels_ternary import ternary_matvec, ternary_matvec_par, ternary_matvec_skip
+from .kernels_ternary import ternary_matvec, ternary_matvec_par, ternary_matvec_skip, ternary_matvec_skip_par
 from .quant import quantize_act
 
 # ---- table columns ----------------------------------------------------------------------
@@ -247,7 +247,10 @@ def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
     if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
         rb = (D + 3) // 4
         P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
-        ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
+        if G[G_PAR]:
+            ternary_matvec_skip_par(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
+        else:
+            ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
     else:
         bitlinear(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out)
 
@@ -535,3 +538,45 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
         ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last)
     head_step(buf, aux, G, T, eps, work, iwork, logits)
     pos[0] += 1
+
+
+# ---- numba cache hygiene ---------------------------------------------------------------------
+# numba's on-disk cache of this module is keyed on this file only, yet the kernels it calls
+# (other files) are compiled into it: after a kernel file changes, the cached per-token code
+# would still run the old kernels. Drop this module's cache entries when any dependency's
+# content changed since they were written.
+_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "../model/scan_numba.py")
+
+
+def _drop_stale_cache() -> None:
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for d in _DEPS:
+        try:
+            h.update((here / d).read_bytes())
+        except OSError:
+            h.update(d.encode())
+    stamp = h.hexdigest()
+    try:
+        cache_dir = Path(token_step._cache._cache_path)  # numba's FunctionCache location
+    except AttributeError:  # pragma: no cover - numba internals moved: nothing to guard
+        return
+    marker = cache_dir / f"{Path(__file__).stem}.deps"
+    try:
+        if marker.read_text() == stamp:
+            return
+    except OSError:
+        pass
+    try:
+        for f in cache_dir.glob(f"{Path(__file__).stem}.*.nb[ic]"):
+            f.unlink()
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(stamp)
+    except OSError:  # read-only install: numba then caches elsewhere or not at all
+        pass
+
+
+_drop_stale_cache()
