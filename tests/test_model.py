@@ -176,10 +176,15 @@ def test_moe_aux_losses_finite_and_load_and_sparsity_stats():
     load = m.expert_load()
     assert [e["layer"] for e in load] == [0, 1, 2]
     assert all(e["assignments"] == 40 * TINY.top_k and e["max_over_mean"] >= 1 for e in load)
+    assert all(s["zero_frac"] is None for s in m.sparsity())  # counted in eval passes only
+    m.eval()
+    with torch.no_grad():
+        m(torch.randint(0, 64, (2, 20)))
     sp = m.sparsity()
     assert all(0.3 < s["zero_frac"] < 1 for s in sp)  # dReLU: about 3/4 zeros at init
-    m2 = build_model(TINY.replace(activation="silu"), seed=0).train()
-    m2(torch.randint(0, 64, (2, 20)))
+    m2 = build_model(TINY.replace(activation="silu"), seed=0).eval()
+    with torch.no_grad():
+        m2(torch.randint(0, 64, (2, 20)))
     assert all(s["zero_frac"] < 0.01 for s in m2.sparsity())
 
 
@@ -234,3 +239,22 @@ def test_fused_cpu_quantizers_match_the_torch_forms():
     (y1 * gy).sum().backward()
     (y2 * gy).sum().backward()
     torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_moe_dispatch_modes_are_identical(train):
+    m = build_model(TINY, seed=1).train(train)
+    moe = m.layers[0].ffn
+    x = torch.randn(2, 11, TINY.d_model, requires_grad=True)
+    outs, grads = [], []
+    for mode in ("loop", "padded", "auto"):
+        moe.dispatch = mode
+        y = moe(x)
+        outs.append(y.detach())
+        if train:
+            grads.append(torch.autograd.grad(y.square().sum(), [x, moe.experts.gate])[1])
+    if train:  # fp32 matmuls of other shapes: equal up to rounding
+        torch.testing.assert_close(outs[1], outs[0])
+        torch.testing.assert_close(grads[1], grads[0])
+    else:  # eval: integer dot products, exact in both
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

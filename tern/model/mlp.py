@@ -3,7 +3,8 @@
     g = gate(x); u = up(x); h = act(g, u); out = down(h)       # gate/up/down BitLinear
     drelu: relu(g) * relu(u)   relu2: relu(g)**2 * u   silu: silu(g) * u
 
-drelu and relu2 give exact zeros in ``h``; :class:`ZeroStats` counts them per layer.
+drelu and relu2 give exact zeros in ``h``; :class:`ZeroStats` counts them per layer in
+eval-mode forwards (validation), so training steps pay nothing for it.
 """
 
 from __future__ import annotations
@@ -46,14 +47,17 @@ class ZeroStats:
 
 
 def gated_ffn(xin, gate_up, down, hidden: int, act: str, eps: float, training: bool,
-              ternary: bool, stats: ZeroStats | None = None) -> torch.Tensor:
+              ternary: bool, stats: ZeroStats | None = None,
+              valid: torch.Tensor | None = None) -> torch.Tensor:
     """One gated MLP on a prepared input: xin (n, D), gate_up (2H, D) (gate rows then up
     rows; per-row scales make the concatenation exact) and down (D, H), all prepared by
-    ``ternary.prepare_*``. Returns (n, D)."""
-    gu = qmatmul(xin, gate_up)  # (n, 2H)
-    h = activation(act, gu[:, :hidden], gu[:, hidden:])  # (n, H)
-    if stats is not None:
-        stats.add(h)
+    ``ternary.prepare_*``; leading axes batch (experts: (E, n, D) with (E, 2H, D) weights).
+    ``valid`` (bool, the leading shape of the rows) marks real rows for the zero count.
+    Returns (..., n, D)."""
+    gu = qmatmul(xin, gate_up)  # (..., n, 2H)
+    h = activation(act, gu[..., :hidden], gu[..., hidden:])  # (..., n, H)
+    if stats is not None and not training:  # measured in eval passes: no per-step cost
+        stats.add(h if valid is None else h[valid])
     return qmatmul(prepare_input(h, eps, training, ternary), down)  # (n, D)
 
 

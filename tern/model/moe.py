@@ -5,8 +5,10 @@
     out = sum_s shared_s(x) + sum_j w_j * expert_{top_j}(x)
 
 Dropless: every token reaches all of its k experts. Dispatch sorts the (token, expert)
-assignments by expert and runs one matmul pair per expert on a contiguous slice; the
-input quantization (per token) is shared by all experts. Training adds a Switch-style
+assignments by expert; the experts then run either as batched matmuls over (E, cap, D)
+(cap = the busiest expert's count, padding rows dropped) or, when padding would add more
+than half the rows (imbalanced routing), one matmul pair per expert on its contiguous
+slice. The input quantization (per token) is shared by all experts. Training adds a Switch-style
 balance loss ``E * sum_e f_e P_e`` (f_e: share of assignments, P_e: mean router
 probability) and the router z-loss ``mean(logsumexp(logits)**2)``.
 """
@@ -92,6 +94,42 @@ class MoE(nn.Module):
         self.shared_stats = ZeroStats()
         self.load = ExpertLoad(cfg.n_experts)
         self.aux: dict[str, torch.Tensor] = {}
+        # "auto": batched over experts unless padding would add > 50 % rows; "loop": one
+        # matmul pair per expert; "padded": always batched (all give identical results)
+        self.dispatch = "auto"
+
+    def _experts_loop(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
+        """One gated FFN per expert on its contiguous slice. split / unbind (not indexing):
+        their backward is one cat / stack, not a zero-filled full-size gradient per expert."""
+        E = self.n_experts
+        x_e = torch.split(xs[0], counts)  # E x (n_e, D)
+        a_e = torch.split(xs[1], counts) if xs[1] is not None else [None] * E
+        (gu_w, gu_s), (dn_w, dn_s) = self.experts.prepared(tr)
+        gu_w, dn_w = gu_w.unbind(0), dn_w.unbind(0)  # E x (2H, D), E x (D, H)
+        gu_s = gu_s.unbind(0) if gu_s is not None else [None] * E
+        dn_s = dn_s.unbind(0) if dn_s is not None else [None] * E
+        ys = [gated_ffn((x_e[e], a_e[e]), (gu_w[e], gu_s[e]), (dn_w[e], dn_s[e]), self.hidden,
+                        self.act, self.eps, tr, et, self.stats)
+              for e, c in enumerate(counts) if c]
+        return torch.cat(ys, 0)  # (n*k, D)
+
+    def _experts_padded(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
+        """All experts in batched matmuls over (E, cap, D), cap = the largest expert's
+        token count; padding rows are zero and dropped afterwards (dropless)."""
+        E, dev = self.n_experts, xs[0].device
+        cap = max(counts)
+        cnt = torch.tensor(counts, device=dev)  # (E,)
+        ar = torch.arange(cap, device=dev)  # (cap,)
+        valid = ar.unsqueeze(0) < cnt.unsqueeze(1)  # (E, cap)
+        pos = (torch.cumsum(cnt, 0) - cnt).unsqueeze(1) + ar.unsqueeze(0)  # (E, cap) sorted row
+        pos = torch.where(valid, pos, torch.zeros_like(pos)).flatten()  # padding reads row 0 ...
+        m = valid.flatten().unsqueeze(1).to(xs[0].dtype)  # ... and is zeroed
+        xp = (xs[0].index_select(0, pos) * m).view(E, cap, -1)  # (E, cap, D)
+        ap = (xs[1].index_select(0, pos).view(E, cap, 1) if xs[1] is not None else None)
+        gu, down = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H)
+        y = gated_ffn((xp, ap), gu, down, self.hidden, self.act, self.eps, tr, et, self.stats,
+                      valid=valid)  # (E, cap, D)
+        return y[valid]  # (n*k, D) in sorted order
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         shape = x.shape
@@ -115,24 +153,17 @@ class MoE(nn.Module):
         order = torch.sort(flat, stable=True).indices  # (n*k,)
         tok = order // k  # token of each sorted assignment
         counts = torch.bincount(flat, minlength=E).tolist()
-        # split / unbind (not per-expert indexing): their backward is one cat / stack
-        # instead of a zero-filled full-size gradient per expert
-        xs = torch.split(xin[0].index_select(0, tok), counts)  # E x (n_e, D), sorted by expert
-        a_s = torch.split(xin[1].index_select(0, tok), counts) if xin[1] is not None else [None] * E
-        (gu_w, gu_s), (dn_w, dn_s) = self.experts.prepared(tr)
-        gu_w, dn_w = gu_w.unbind(0), dn_w.unbind(0)  # E x (2H, D), E x (D, H)
-        gu_s = gu_s.unbind(0) if gu_s is not None else [None] * E
-        dn_s = dn_s.unbind(0) if dn_s is not None else [None] * E
-        ys = []
-        for e, c in enumerate(counts):
-            if c:
-                ys.append(gated_ffn((xs[e], a_s[e]), (gu_w[e], gu_s[e]), (dn_w[e], dn_s[e]),
-                                    self.hidden, self.act, self.eps, tr, et, self.stats))
-        y_sorted = torch.cat(ys, 0)  # (n*k, D)
+        xs = (xin[0].index_select(0, tok),  # (n*k, D) sorted by expert
+              xin[1].index_select(0, tok) if xin[1] is not None else None)
+        padded = max(counts) * E <= 1.5 * n * k if self.dispatch == "auto" else self.dispatch == "padded"
+        if padded:
+            y_sorted = self._experts_padded(xs, counts, tr, et)
+        else:
+            y_sorted = self._experts_loop(xs, counts, tr, et)  # (n*k, D)
         y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
         out = out + (w.unsqueeze(-1) * y).sum(1)  # (n, D)
         if tr:
-            f = torch.bincount(flat, minlength=E).to(p.dtype) / (n * k)  # (E,) share of assignments
+            f = torch.tensor(counts, dtype=p.dtype, device=p.device) / (n * k)  # (E,) share of assignments
             self.aux = {"balance": E * (f * p.mean(0)).sum(),
                         "z": torch.logsumexp(logits, dim=-1).square().mean()}
         return out.view(shape)

@@ -122,7 +122,8 @@ def prepare_weight(w: torch.Tensor, training: bool,
 
 def qmatmul(xin: tuple[torch.Tensor, torch.Tensor | None],
             win: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-    """BitLinear product of a prepared input (..., in) and a prepared weight (out, in).
+    """BitLinear product of a prepared input (..., n, in) and a prepared weight (..., out, in)
+    (leading axes batch, e.g. experts).
 
     Eval computes the literal inference form: an integer dot product, then the two scales
     ``s_r * (a / 127) * acc`` (exact in fp32 while in * 127 < 2**24)."""
@@ -131,7 +132,7 @@ def qmatmul(xin: tuple[torch.Tensor, torch.Tensor | None],
     acc = x @ w.transpose(-1, -2)  # (..., out)
     if a is None:
         return acc
-    return s.squeeze(-1) * (a / QMAX) * acc
+    return s.squeeze(-1).unsqueeze(-2) * (a / QMAX) * acc  # (..., 1, out) * (..., n, 1) * acc
 
 
 def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool,
