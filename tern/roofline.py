@@ -42,6 +42,9 @@ benchmarks; absent means the default):
 * ``bandwidth_efficiency`` (default 1.0): fraction of the measured read bandwidth the
   engine attains (well-tuned engines reach ~0.75–0.95).
 
+Either key suffixed ``_t<threads>`` (e.g. ``per_token_overhead_s_t2``) applies to that
+thread count only (tern.sweep.calibrate measures them).
+
 Compute roof: ops per token over the best measured kernel of the format's family
 (``ternary_*`` for ternary formats, ``int8_*``, ``q4_*``, ``fp32_*`` for float formats and
 element-wise work) at no more than the requested threads. Ops of a family without a
@@ -260,11 +263,12 @@ def kernel_gops_for(host: HostProfile, fmt: str, threads: int = 1) -> float | No
     return max(k.gops_median for k in usable)
 
 
-def calibration(host: HostProfile) -> tuple[float, float]:
-    """(per_token_overhead_s, bandwidth_efficiency) from the profile, validated."""
+def calibration(host: HostProfile, threads: int = 1) -> tuple[float, float]:
+    """(per_token_overhead_s, bandwidth_efficiency) from the profile, validated. A key
+    suffixed ``_t{threads}`` (measured at that thread count) wins over the plain key."""
     cal = host.calibration or {}
-    over = float(cal.get("per_token_overhead_s", 0.0))
-    eff = float(cal.get("bandwidth_efficiency", 1.0))
+    over = float(cal.get(f"per_token_overhead_s_t{threads}", cal.get("per_token_overhead_s", 0.0)))
+    eff = float(cal.get(f"bandwidth_efficiency_t{threads}", cal.get("bandwidth_efficiency", 1.0)))
     if not (math.isfinite(over) and over >= 0):
         raise ValueError(f"calibration per_token_overhead_s must be >= 0 s, got {over!r}")
     if not (math.isfinite(eff) and 0 < eff <= 1.5):
@@ -324,7 +328,7 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     if not avail:
         raise ValueError(f"host profile {host.label!r} has no read-bandwidth curve")
     curve_t = min(avail, key=lambda a: (abs(a - threads), -a))
-    overhead_s, eff = calibration(host)
+    overhead_s, eff = calibration(host, threads)
     hot = pools.hot_bytes
     ws = {"resident": pools.footprint_bytes if policy == "reuse" else hot, "streamed": hot}
     nbytes = {"resident": pools.resident_bytes + pools.state_bytes + pools.kv_bytes,

@@ -238,3 +238,80 @@ def accuracy(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {"n": len(ratios), "median_ratio": statistics.median(ratios),
             "worst_ratio": max(ratios, key=lambda x: abs(x - 1.0)),
             "within_25pct": sum(abs(x - 1) <= 0.25 for x in ratios) / len(ratios)}
+
+
+def preset_points(names: Iterable[str] = ("105m", "206m"), threads: Iterable[int] = (1,),
+                  tokens: int = 64, repeats: int = 3, warmup: int = 16) -> list[SweepPoint]:
+    """Points for named presets (e.g. the 105M / 206M pair with equal active params)."""
+    from .config import get_preset
+
+    return [SweepPoint("preset", n, get_preset(n), t, tokens, repeats, warmup)
+            for t in threads for n in names]
+
+
+def pair_summary(rows: list[dict[str, Any]], a: str = "105m", b: str = "206m") -> list[dict[str, Any]]:
+    """Per thread count: measured and predicted tok/s of presets ``a`` and ``b`` and the
+    measured ratio b/a (1.0 = equal speed at twice the total)."""
+    out = []
+    for t in sorted({r["threads"] for r in rows if r["family"] == "preset"}):
+        ra = next((r for r in rows if r["family"] == "preset" and r["budget"] == a and r["threads"] == t), None)
+        rb = next((r for r in rows if r["family"] == "preset" and r["budget"] == b and r["threads"] == t), None)
+        if ra and rb:
+            out.append({"threads": t, f"{a}_tok_per_s": ra["tok_per_s"], f"{b}_tok_per_s": rb["tok_per_s"],
+                        f"{a}_predicted": ra["predicted_tok_per_s"], f"{b}_predicted": rb["predicted_tok_per_s"],
+                        "measured_ratio": rb["tok_per_s"] / ra["tok_per_s"],
+                        f"{a}_total_params": ra["total_params"], f"{b}_total_params": rb["total_params"]})
+    return out
+
+
+def render_rows(rows: list[dict[str, Any]]) -> str:
+    """A text table of sweep points: predicted, measured, ratio, peak RSS."""
+    head = (f"{'point':<24} {'thr':>3} {'total MB':>9} {'active MB':>9} {'pred tok/s':>10} "
+            f"{'meas tok/s':>10} {'ratio':>6} {'bound':>7} {'RSS MiB':>8}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['name'][:24]:<24} {r['threads']:>3} {r['total_bytes'] / 1e6:9.1f} "
+                     f"{r['active_bytes'] / 1e6:9.2f} {r['predicted_tok_per_s']:10.1f} "
+                     f"{r['tok_per_s']:10.1f} {r['ratio']:6.2f} {r['predicted_bound']:>7} "
+                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f}")
+    return "\n".join(lines)
+
+
+# ---- per-host calibration -------------------------------------------------------------------
+# Two measurements fix the roofline's two calibration constants (tern.roofline docstring):
+# a tiny model whose bytes and ops are negligible gives the fixed per-token overhead, and a
+# DRAM-bound model (~80 MB per token) gives the fraction of read bandwidth the engine attains.
+CALIBRATION_TINY = ModelConfig(name="calib-tiny", vocab_size=256, d_model=64, n_layers=1,
+                               mlp_hidden=64, n_heads=2)
+
+
+def calibration_points(threads: int = 1) -> list[SweepPoint]:
+    dram = fixed_total_family("30m", n_experts=64, top_ks=(16,))[0]
+    return [SweepPoint("calibration", "tiny", CALIBRATION_TINY, threads, tokens=256, repeats=5),
+            SweepPoint("calibration", "dram", dram, threads, tokens=32, repeats=3, warmup=8)]
+
+
+def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] = (1,),
+              measure: Measure = measure_in_subprocess) -> tuple[HostProfile, dict[str, float]]:
+    """Measure the engine's per-token overhead and bandwidth efficiency on this host and
+    return (host with ``calibration`` filled, the figures). Keys per thread count t:
+    ``per_token_overhead_s_t{t}``, ``bandwidth_efficiency_t{t}``; the plain keys hold t=1."""
+    from dataclasses import replace
+
+    from .roofline import predict
+
+    bare = replace(host, calibration={})
+    cal: dict[str, float] = {}
+    for t in threads:
+        tiny_pt, dram_pt = calibration_points(t)
+        m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
+        over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
+        m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)
+        p = predict(dram_pt.config, bare, threads=t)
+        mem_s = p.resident.memory_s + p.streamed.memory_s
+        eff = mem_s / max(1.0 / m_dram["tok_per_s"] - over, 1e-12)
+        cal[f"per_token_overhead_s_t{t}"] = over
+        cal[f"bandwidth_efficiency_t{t}"] = min(eff, 1.5)
+        if t == 1:
+            cal["per_token_overhead_s"], cal["bandwidth_efficiency"] = over, min(eff, 1.5)
+    return replace(host, calibration={**host.calibration, **cal}), cal

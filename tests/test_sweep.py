@@ -128,3 +128,39 @@ def test_pick_10b_and_roof_table():
     slow = synthetic_profile(llc_bytes=1 << 20, cache_gbps=10.0, dram_gbps=1.0)
     with pytest.raises(ValueError, match="no config"):
         pick_10b(slow, 100.0, space=TEN_B_SPACE)
+
+
+def test_calibrate_with_fake_measurements(tmp_path, monkeypatch):
+    import tern.sweep as sw
+    from tern.roofline import predict
+
+    h = host()
+    monkeypatch.setattr(sw, "ensure_model", lambda cfg, d: tmp_path / "m.tern")
+    tiny, dram = sw.calibration_points(1)
+    p_dram = predict(dram.config, h, threads=1)
+    mem_s = p_dram.resident.memory_s + p_dram.streamed.memory_s
+    true_over, true_eff = 20e-6, 0.8
+
+    def fake(path, point):
+        if point.budget == "tiny":
+            return {"tok_per_s": 1.0 / (predict(point.config, h).s_per_token + true_over)}
+        return {"tok_per_s": 1.0 / (mem_s / true_eff + true_over)}
+
+    cal_host, cal = sw.calibrate(h, tmp_path, threads=(1, 2), measure=fake)
+    assert cal["per_token_overhead_s"] == pytest.approx(true_over, rel=1e-6)
+    assert cal["bandwidth_efficiency"] == pytest.approx(true_eff, rel=1e-6)
+    assert "per_token_overhead_s_t2" in cal_host.calibration
+    # the calibrated prediction of the DRAM point now matches the fake measurement
+    assert predict(dram.config, cal_host).tok_per_s == pytest.approx(fake(None, dram)["tok_per_s"], rel=0.02)
+
+
+def test_pair_summary_and_table():
+    from tern.sweep import pair_summary, render_rows
+
+    rows = [{"family": "preset", "budget": b, "threads": 1, "tok_per_s": v, "predicted_tok_per_s": 100.0,
+             "total_params": n, "name": b, "total_bytes": 1e6, "active_bytes": 1e5, "ratio": v / 100,
+             "predicted_bound": "DRAM", "peak_rss_bytes": 2**20}
+            for b, v, n in (("105m", 100.0, 105e6), ("206m", 98.0, 206e6))]
+    s = pair_summary(rows)
+    assert s[0]["measured_ratio"] == pytest.approx(0.98)
+    assert "206m" in render_rows(rows)
