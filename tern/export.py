@@ -313,6 +313,9 @@ class _PackedWriter:
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp made it private; a model file is not
         os.replace(self.tmp, self.path)
         return self.path
 

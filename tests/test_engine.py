@@ -157,12 +157,16 @@ def test_every_rung_computes_the_same_model(which, trained, small_file, val_toke
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
-@pytest.mark.parametrize("kernel", ["ternary", "fp32"])
-def test_threads_give_identical_logits(small_file, kernel):
+@pytest.mark.parametrize("kernel,head", [("ternary", "fp32"), ("fp32", "fp32"), ("ternary", "int8")])
+def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
+    path = small_file
+    if head != "fp32":
+        path = random_model(SMALL.replace(embed_format=head, head_format=head), tmp_path / "h.tern",
+                            progress=False)
     tokens = np.arange(40) * 5 % SMALL.vocab_size
     kw = dict(kernel=kernel, act_skip=kernel == "ternary")
-    one = _engine_logits(Engine(small_file, threads=1, **kw), tokens)
-    two = _engine_logits(Engine(small_file, threads=2, **kw), tokens)
+    one = _engine_logits(Engine(path, threads=1, **kw), tokens)
+    two = _engine_logits(Engine(path, threads=2, **kw), tokens)
     assert np.array_equal(one, two)
 
 

@@ -506,6 +506,27 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
         x[i] += acc[i]
 
 
+@numba.njit(**JIT)
+def matvec_int8w(Wq, scale, x, out):
+    """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
+    (embedding / head, per-row absmax scale) times a full-precision activation."""
+    for r in range(Wq.shape[0]):
+        s = ZERO
+        for c in range(Wq.shape[1]):
+            s += np.float32(Wq[r, c]) * x[c]
+        out[r] = s * scale[r]
+
+
+@numba.njit(parallel=True, **JIT)
+def matvec_int8w_par(Wq, scale, x, out):
+    """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
+    for r in numba.prange(Wq.shape[0]):
+        s = ZERO
+        for c in range(Wq.shape[1]):
+            s += np.float32(Wq[r, c]) * x[c]
+        out[r] = s * scale[r]
+
+
 @numba.njit(cache=True)
 def head_step(buf, aux, G, T, eps, work, iwork, logits):
     """logits (V,) = Head(RMSNorm(x; norm_f))."""
@@ -515,11 +536,10 @@ def head_step(buf, aux, G, T, eps, work, iwork, logits):
     if G[G_HEAD_INT8]:
         Wq = u8(buf, aux, G[G_HEAD], V * D).view(np.int8).reshape(V, D)
         S = f32(buf, aux, G[G_HEAD_S], V)
-        for v in range(V):
-            s = np.float32(0.0)
-            for d in range(D):
-                s += np.float32(Wq[v, d]) * xn[d]
-            logits[v] = s * S[v]
+        if G[G_PAR]:
+            matvec_int8w_par(Wq, S, xn, logits)
+        else:
+            matvec_int8w(Wq, S, xn, logits)
         return
     W = f32(buf, aux, G[G_HEAD], V * D).reshape(V, D)
     if G[G_PAR]:
