@@ -285,14 +285,18 @@ CALIBRATION_TINY = ModelConfig(name="calib-tiny", vocab_size=256, d_model=64, n_
                                mlp_hidden=64, n_heads=2)
 
 
-def calibration_points(threads: int = 1) -> list[SweepPoint]:
-    dram = fixed_total_family("30m", n_experts=64, top_ks=(16,))[0]
+def calibration_points(threads: int = 1, quick: bool = False) -> list[SweepPoint]:
+    """The tiny (overhead) and DRAM-bound (bandwidth) calibration points; ``quick`` uses a
+    ~40 MB model instead of ~300 MB (smoke runs: not DRAM-bound on large caches)."""
+    dram = fixed_total_family("30m", n_experts=8 if quick else 64, top_ks=(8 if quick else 16,))[0]
     return [SweepPoint("calibration", "tiny", CALIBRATION_TINY, threads, tokens=256, repeats=5),
-            SweepPoint("calibration", "dram", dram, threads, tokens=32, repeats=3, warmup=8)]
+            SweepPoint("calibration", "dram", dram, threads, tokens=8 if quick else 32, repeats=3,
+                       warmup=2 if quick else 8)]
 
 
 def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] = (1,),
-              measure: Measure = measure_in_subprocess) -> tuple[HostProfile, dict[str, float]]:
+              measure: Measure = measure_in_subprocess, quick: bool = False
+              ) -> tuple[HostProfile, dict[str, float]]:
     """Measure the engine's per-token overhead and bandwidth efficiency on this host and
     return (host with ``calibration`` filled, the figures). Keys per thread count t:
     ``per_token_overhead_s_t{t}``, ``bandwidth_efficiency_t{t}``; the plain keys hold t=1."""
@@ -303,7 +307,7 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
     bare = replace(host, calibration={})
     cal: dict[str, float] = {}
     for t in threads:
-        tiny_pt, dram_pt = calibration_points(t)
+        tiny_pt, dram_pt = calibration_points(t, quick)
         m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
         over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
         m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)

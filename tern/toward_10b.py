@@ -26,25 +26,37 @@ TEN_B_SPACE = SearchSpace(
 )
 
 
-def pick_10b(host: HostProfile, target_tok_per_s: float = 100.0, threads: int = 1,
+def pick_10b(host: HostProfile, target_tok_per_s: float = 100.0, threads: int | tuple[int, ...] = 1,
              total_params: float = 10e9, tolerance: float = 0.1, margin: float = 1.1,
-             space: SearchSpace = TEN_B_SPACE) -> Candidate:
-    """The searched config of ``total_params`` (± ``tolerance``) with the most active
-    params whose predicted tok/s is at least ``margin`` x the target (the margin absorbs
-    the roofline's error). Raises ValueError naming the shortfall when none qualifies."""
+             space: SearchSpace = TEN_B_SPACE) -> tuple[Candidate, int, bool]:
+    """The searched config of ``total_params`` (± ``tolerance``) with the most active params
+    whose predicted tok/s is at least ``margin`` x the target (the margin absorbs the
+    roofline's error), over the given thread count(s). Returns (candidate, threads, True);
+    when no config qualifies, the fastest config in the range, its best thread count and
+    False, so the caller can show which roof stops it."""
     if not 0 < tolerance < 1 or margin < 1:
         raise ValueError(f"need 0 < tolerance < 1 and margin >= 1, got {tolerance}, {margin}")
+    ts = (threads,) if isinstance(threads, int) else tuple(threads)
+    if not ts or any(t < 1 for t in ts):
+        raise ValueError(f"threads must be >= 1, got {threads!r}")
     lo, hi = total_params * (1 - tolerance), total_params * (1 + tolerance)
-    cands = search(host, target_tok_per_s * margin, threads=threads, space=space,
-                   total_params_range=(lo, hi))
-    if not cands:
-        best = max((predict(c, host, threads) for c in space.configs()
-                    if lo <= _total(c) <= hi), key=lambda p: p.tok_per_s, default=None)
-        got = f"; the fastest is {best.config} at {best.tok_per_s:.1f} tok/s" if best else ""
-        raise ValueError(f"no config of {total_params / 1e9:.1f}B (±{tolerance:.0%}) is predicted at "
-                         f"{target_tok_per_s * margin:.0f} tok/s with {threads} thread(s) on "
-                         f"{host.label}{got}")
-    return max(cands, key=lambda c: (c.active_params, c.tok_per_s))
+    best: tuple[Candidate, int] | None = None
+    for t in ts:
+        for c in search(host, target_tok_per_s * margin, threads=t, space=space,
+                        total_params_range=(lo, hi)):
+            if best is None or (c.active_params, c.tok_per_s) > (best[0].active_params, best[0].tok_per_s):
+                best = (c, t)
+    if best:
+        return best[0], best[1], True
+    fastest: tuple[Candidate, int] | None = None
+    for t in ts:
+        for c in search(host, 1e-9, threads=t, space=space, total_params_range=(lo, hi)):
+            if fastest is None or c.tok_per_s > fastest[0].tok_per_s:
+                fastest = (c, t)
+    if fastest is None:
+        raise ValueError(f"the search space has no config of {total_params / 1e9:.1f}B (±{tolerance:.0%})"
+                         " that fits this host's RAM")
+    return fastest[0], fastest[1], False
 
 
 def _total(cfg: ModelConfig) -> int:
