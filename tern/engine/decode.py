@@ -13,8 +13,9 @@ computes the same model (docs/MODEL.md):
   are exactly zero (tern.engine.kernels_ternary.ternary_matvec_skip).
 - ``moe_skip``: only the top_k routed experts are computed (else all, weight 0 for the rest).
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
-- ``threads > 1``: numba-parallel matvecs over output rows; every reduction keeps its order,
-  so logits are identical to ``threads=1``.
+- ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
+  ``par_min_weights`` weights (smaller ones stay serial: a parallel region costs more than
+  they do); every reduction keeps its order, so logits are identical to ``threads=1``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .packing import expand_b3_to_ternary2, pack_ternary2
 KERNELS = ("ternary", "fp32")
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
+PAR_MIN_WEIGHTS = 1 << 20  # with threads > 1, only matrices this large are split over threads
 
 
 class _Aux:
@@ -66,7 +68,7 @@ class Engine:
 
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool = True, moe_skip: bool = True, fused: bool = True,
-                 check: str = "full", trace_experts: bool = False):
+                 check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -85,6 +87,9 @@ class Engine:
         self.threads = int(threads)
         self.kernel, self.act_skip, self.moe_skip, self.fused = kernel, bool(act_skip), bool(moe_skip), bool(fused)
         self.trace_experts = bool(trace_experts)
+        if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:
+            raise ValueError(f"par_min_weights must be an integer >= 0, got {par_min_weights!r}")
+        self.par_min_weights = int(par_min_weights)
         self._build_tables()
         self._alloc_state()
         self.reset()
@@ -200,6 +205,7 @@ class Engine:
         G[ops.G_KERNEL] = ops.KERNEL_FP32 if self.kernel == "fp32" else ops.KERNEL_TERNARY
         G[ops.G_ACT_SKIP], G[ops.G_MOE_SKIP] = int(self.act_skip), int(self.moe_skip)
         G[ops.G_PAR] = int(self.threads > 1)
+        G[ops.G_PAR_MIN] = self.par_min_weights
         G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
         G[ops.G_EMBED_INT8] = int(emb_int8)
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
@@ -334,4 +340,4 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

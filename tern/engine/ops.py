@@ -45,7 +45,8 @@ G_D, G_DI, G_N, G_R, G_K, G_V, G_WIN, G_NH, G_NL = 0, 1, 2, 3, 4, 5, 6, 7, 8
 G_HMAX, G_EMAX, G_ACT = 9, 10, 11
 G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
 G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
-N_GLOBALS = 23
+G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
+N_GLOBALS = 24
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
@@ -220,13 +221,21 @@ def quant(G, x, xq, xd, eps):
 # ---- matrices ------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, inline="always")
+def par(G, n_weights):
+    """Split this matrix over threads? Only with threads > 1 and at least G_PAR_MIN weights:
+    a parallel region costs microseconds (far more on a busy machine), more than a small
+    matvec. Per-row arithmetic is the same either way, so results do not change."""
+    return G[G_PAR] != 0 and n_weights >= G[G_PAR_MIN]
+
+
 @numba.njit(cache=True)
 def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary kernel, or the
     dequantized fp32 matrix times xd in the fp32 rung."""
     if G[G_KERNEL] == KERNEL_FP32:
         W = f32(buf, aux, w_addr, rows * cols).reshape(rows, cols)
-        if G[G_PAR]:
+        if par(G, rows * cols):
             matvec_fp32_parallel_nb(W, xd[:cols], out[:rows])
         else:
             matvec_fp32_nb(W, xd[:cols], out[:rows])
@@ -234,7 +243,7 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     rb = (cols + 3) // 4
     P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
     S = f32(buf, aux, s_addr, rows)
-    if G[G_PAR]:
+    if par(G, rows * cols):
         ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
     else:
         ternary_matvec(P, S, xq[:cols], xs, out[:rows])
@@ -247,7 +256,7 @@ def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
     if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
         rb = (D + 3) // 4
         P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
-        if G[G_PAR]:
+        if par(G, D * H):
             ternary_matvec_skip_par(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
         else:
             ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
@@ -536,13 +545,13 @@ def head_step(buf, aux, G, T, eps, work, iwork, logits):
     if G[G_HEAD_INT8]:
         Wq = u8(buf, aux, G[G_HEAD], V * D).view(np.int8).reshape(V, D)
         S = f32(buf, aux, G[G_HEAD_S], V)
-        if G[G_PAR]:
+        if par(G, V * D):
             matvec_int8w_par(Wq, S, xn, logits)
         else:
             matvec_int8w(Wq, S, xn, logits)
         return
     W = f32(buf, aux, G[G_HEAD], V * D).reshape(V, D)
-    if G[G_PAR]:
+    if par(G, V * D):
         matvec_fp32_parallel_nb(W, xn, logits)
     else:
         matvec_fp32_nb(W, xn, logits)
