@@ -230,9 +230,19 @@ def _run_ladder(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # name -> (help, configure(parser), run(args) -> dict, render(dict) -> str)
+def _sweep(name: str) -> Callable:
+    def call(*a: Any) -> Any:
+        from . import sweep
+
+        return getattr(sweep, name)(*a)
+    return call
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "ladder": ("ablation ladder: tok/s and BPB of each engine optimization on the sandbox",
                _configure_ladder, _run_ladder, render_ladder),
+    "sweep": ("decode sweeps from cache-resident to DRAM-bound: measured vs predicted tok/s",
+              _sweep("cli_configure_sweep"), _sweep("cli_run_sweep"), _sweep("cli_render_sweep")),
 }
 
 JSON_FIELDS = """\
@@ -240,7 +250,10 @@ JSON_FIELDS = """\
     njit_s, overhead_s, overhead_frac}, targets {..., speedup_met, tok_per_s_met},
     rows: [{rung, rung_index, kernel, act_skip, moe_skip, fused, tok_per_s {median, min,
     max, iqr, spread_rel, repeats}, us_per_token {...}, speedup_vs_baseline, bpb, bpb_tokens,
-    host, cpu, threads, versions, git_commit, timestamp}]"""
+    host, cpu, threads, versions, git_commit, timestamp}]
+  sweep: bench, records, host, calibration {per_token_overhead_s[_tN], bandwidth_efficiency[_tN]},
+    points: [see tern.sweep.JSON_FIELDS], accuracy {n, median_ratio, worst_ratio, within_25pct},
+    pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]"""
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:

@@ -319,3 +319,51 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
         if t == 1:
             cal["per_token_overhead_s"], cal["bandwidth_efficiency"] = over, min(eff, 1.5)
     return replace(host, calibration={**host.calibration, **cal}), cal
+
+
+# ---- `tern bench sweep` -------------------------------------------------------------------
+
+
+def cli_configure_sweep(p: Any) -> None:
+    p.add_argument("--quick", action="store_true", help="a few small points (CI; seconds)")
+    p.add_argument("--threads", type=int, nargs="*", default=None,
+                   help="thread counts (default: 1 and all cores; --quick: 1)")
+    p.add_argument("--results", default="results", help="results folder (default: results)")
+    p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="use the profile's calibration as is (default: measure it first)")
+    p.add_argument("--pair", action="store_true", help="also measure the 105m / 206m presets")
+
+
+def cli_run_sweep(args: Any) -> dict[str, Any]:
+    from .notebook import results_dir
+    from .roofline import resolve_host
+
+    out = results_dir(args.results)
+    host = resolve_host(args.host, results=out, probe_if_missing=True)
+    threads = args.threads or ([1] if args.quick else sorted({1, os.cpu_count() or 1}))
+    cal: dict[str, float] = dict(host.calibration)
+    if not args.no_calibrate:
+        host, cal = calibrate(host, out / "models", threads=threads, quick=args.quick)
+        host.save(out / "host_profile_calibrated.json")
+    pts = default_points(quick=args.quick, threads=threads)
+    if args.pair:
+        pts += preset_points(threads=threads, tokens=16 if args.quick else 64)
+    records = out / "bench" / "sweep.jsonl"
+    rows = run_sweep(pts, records, out / "models", host)
+    return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
+            "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
+            "pair": pair_summary(rows)}
+
+
+def cli_render_sweep(r: dict[str, Any]) -> str:
+    acc = r["accuracy"]
+    lines = [render_rows(r["points"]), "",
+             f"calibration: {r['calibration']}",
+             f"accuracy: {acc.get('n')} points, median measured/predicted {acc.get('median_ratio', 0):.3f}, "
+             f"worst {acc.get('worst_ratio', 0):.3f}, within ±25 %: {acc.get('within_25pct', 0):.0%}"]
+    for p in r["pair"]:
+        lines.append(f"105m vs 206m at {p['threads']} thread(s): {p['105m_tok_per_s']:.1f} vs "
+                     f"{p['206m_tok_per_s']:.1f} tok/s (ratio {p['measured_ratio']:.3f})")
+    lines.append(f"records: {r['records']}")
+    return "\n".join(lines)

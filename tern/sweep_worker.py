@@ -22,23 +22,16 @@ import numpy as np
 def time_decode(engine: Any, tokens: int, repeats: int, warmup: int, seed: int = 0) -> dict[str, Any]:
     """tok/s of ``engine.step`` over ``repeats`` runs of ``tokens`` random token ids, after
     ``warmup`` untimed tokens; the engine state is reset before each run."""
+    from .bench import time_steps
     from .records import summarize
 
     if tokens < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need tokens >= 1, repeats >= 1, warmup >= 0; got {tokens}, {repeats}, {warmup}")
     rng = np.random.default_rng(seed)
     V = engine.cfg.vocab_size
-    engine.reset()
-    for t in rng.integers(0, V, size=warmup):
-        engine.step(int(t))
-    samples = []
-    for _ in range(repeats):
-        ids = [int(t) for t in rng.integers(0, V, size=tokens)]
-        engine.reset()
-        t0 = time.perf_counter()
-        for t in ids:
-            engine.step(t)
-        samples.append(tokens / (time.perf_counter() - t0))
+    if warmup:
+        time_steps(engine, rng.integers(0, V, size=warmup))
+    samples = [1.0 / time_steps(engine, rng.integers(0, V, size=tokens)) for _ in range(repeats)]
     s = summarize(samples)
     return {"tok_per_s": s["median"], "tok_per_s_min": s["min"], "tok_per_s_max": s["max"],
             "repeats": s["repeats"], "spread_rel": s["spread_rel"], "samples_tok_per_s": samples}
