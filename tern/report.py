@@ -67,7 +67,8 @@ def _to_html(ipynb: Path, html_path: Path) -> None:
     atomic_write_text(html_path, body)
 
 
-def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int) -> NotebookRun:
+def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int,
+                 params: dict[str, Any] | None = None) -> NotebookRun:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -78,7 +79,8 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int) -> Note
     try:
         papermill.execute_notebook(
             str(path), str(nb_out), cwd=str(path.parent),
-            parameters={"SMOKE": smoke, "RESULTS": str(out_dir / "results")},
+            parameters={**_declared(path, params or {}), "SMOKE": smoke,
+                        "RESULTS": str(out_dir / "results")},
             kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
         )
     except PapermillExecutionError as e:
@@ -97,10 +99,34 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int) -> Note
     return NotebookRun(path.stem, "failed" if error else "ok", wall, html_rel, error)
 
 
+def _declared(path: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``params`` that the notebook's parameters cell declares."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    src = "".join(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return {k: v for k, v in params.items() if f"{k} =" in src or f"{k}=" in src}
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs (VALUE as JSON when it parses, else a string)."""
+    out: dict[str, Any] = {}
+    for it in items or []:
+        name, sep, value = it.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--param expects NAME=VALUE, got {it!r}")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name] = value
+    return out
+
+
 def run_report(out_dir: str | Path = "report", smoke: bool = False, only: list[str] | None = None,
                timeout_s: int = 3600, progress: bool = True,
-               nb_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run the notebooks in order into ``out_dir`` and write its index.html."""
+               nb_dir: str | Path | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the notebooks in order into ``out_dir`` and write its index.html. ``params``
+    (e.g. {"MINUTES": 5}) go to every notebook whose parameters cell declares them."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir).resolve()
@@ -111,12 +137,13 @@ def run_report(out_dir: str | Path = "report", smoke: bool = False, only: list[s
     bar = tqdm(nbs, desc="report", unit="notebook", file=sys.stderr, disable=not progress)
     for path in bar:
         bar.set_postfix_str(path.stem)
-        runs.append(run_notebook(path, out, smoke, timeout_s))
+        runs.append(run_notebook(path, out, smoke, timeout_s, params))
     wall = time.perf_counter() - t0
     headlines = load_headlines(out / "results")
     summary = {
         "out_dir": str(out), "index": str(out / "index.html"), "smoke": smoke, "wall_s": wall,
-        "notebooks": [asdict(r) for r in runs], "headlines": headlines, "meta": run_metadata(),
+        "params": params or {}, "notebooks": [asdict(r) for r in runs], "headlines": headlines,
+        "meta": run_metadata(),
     }
     atomic_write_json(out / "report.json", summary)
     atomic_write_text(out / "index.html", render_index(summary, out))
@@ -189,13 +216,17 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
                    help="comma-separated notebook numbers or names, e.g. 01,02")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per cell (default 3600)")
     p.add_argument("--clean", action="store_true", help="delete the report folder first")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a notebook parameter where a notebook declares it, e.g. -p MINUTES=5 "
+                        "(03's sandbox training budget; default 20)")
 
 
 def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     if args.clean and Path(args.out).exists():
         shutil.rmtree(args.out)
     only = args.only.split(",") if args.only else None
-    return run_report(args.out, smoke=args.smoke, only=only, timeout_s=args.timeout)
+    return run_report(args.out, smoke=args.smoke, only=only, timeout_s=args.timeout,
+                      params=parse_params(args.param))
 
 
 def cli_render(result: dict[str, Any]) -> str:

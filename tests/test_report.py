@@ -48,3 +48,14 @@ def test_only_filter(tmp_path):
     assert [p.stem for p in list_notebooks(["02"], nbd)] == ["02_b"]
     with pytest.raises(ValueError, match="matches no notebook"):
         list_notebooks(["09"], nbd)
+
+
+def test_params_parse_and_declared(tmp_path):
+    from tern.report import _declared, parse_params
+
+    assert parse_params(["MINUTES=5", "NAME=abc", "FLAG=true"]) == {"MINUTES": 5, "NAME": "abc", "FLAG": True}
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_params(["oops"])
+    nb = tmp_path / "01_a.ipynb"
+    _nb(nb, "pass")
+    assert _declared(nb, {"SMOKE": True, "MINUTES": 5}) == {"SMOKE": True}
