@@ -99,6 +99,8 @@ def test_tiny_run_lowers_loss_and_reports(tmp_path):
     assert np.isfinite(nll) and nll > 0
     paths = plot_run(tmp_path / "train_log.jsonl", tmp_path / "plots")
     assert [p.name for p in paths] == ["train_curves.png", "train_sparsity.png", "train_expert_load.png"]
+    named = plot_run(tmp_path / "train_log.jsonl", tmp_path / "plots", prefix="train_sandbox")
+    assert named[0].name == "train_sandbox_curves.png"
     assert all(p.stat().st_size > 1000 for p in paths)
     text = cli_render(r)
     assert "30 steps" not in text and "steps 30" in text and "layer 1 experts" in text

@@ -89,9 +89,10 @@ def expert_load_plot(result: dict[str, Any], path: str | Path | None = None):
     return fig
 
 
-def plot_run(log: str | Path, out_dir: str | Path, result: dict[str, Any] | None = None) -> list[Path]:
-    """All figures of one run as PNGs in ``out_dir``; ``result`` defaults to the log's
-    train_end row. Returns the written paths."""
+def plot_run(log: str | Path, out_dir: str | Path, result: dict[str, Any] | None = None,
+             prefix: str = "train") -> list[Path]:
+    """All figures of one run as PNGs ``<prefix>_{curves,sparsity,expert_load}.png`` in
+    ``out_dir``; ``result`` defaults to the log's train_end row. Returns the written paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = _rows(log)
@@ -99,8 +100,8 @@ def plot_run(log: str | Path, out_dir: str | Path, result: dict[str, Any] | None
         ends = [r for r in rows if r.get("record") == "train_end"]
         result = ends[-1] if ends else {}
     paths = []
-    for name, fn, arg in (("train_curves", curves_plot, rows), ("train_sparsity", sparsity_plot, result),
-                          ("train_expert_load", expert_load_plot, result)):
+    for name, fn, arg in ((f"{prefix}_curves", curves_plot, rows), (f"{prefix}_sparsity", sparsity_plot, result),
+                          (f"{prefix}_expert_load", expert_load_plot, result)):
         try:
             fig = fn(arg, out / f"{name}.png")
         except ValueError:
