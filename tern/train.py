@@ -520,3 +520,15 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
+
+
+def train_headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures notebooks 03 / 04 report (units in the keys) from a run_training result."""
+    sp = [s["zero_frac"] for s in result.get("sparsity", []) if s.get("zero_frac") is not None]
+    load = [e["max_over_mean"] for e in result.get("expert_load", [])]
+    return {"val_bpb": result["val_bpb"], "train_tokens": result["train_tokens"],
+            "steps": result["steps"], "train_tokens_per_s": result["tokens_per_s"],
+            "wall_s": result["wall_s"], "device": result.get("device"),
+            "mean_zero_frac": sum(sp) / len(sp) if sp else None,
+            "max_expert_load_over_mean": max(load) if load else None,
+            "dead_experts": sum(e.get("dead_experts", 0) for e in result.get("expert_load", []))}

@@ -199,3 +199,13 @@ def test_two_gloo_processes_equal_one_process_on_the_global_batch(tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)  # updates are ~1e-3
     assert json.loads((tmp_path / "two" / "result.json").read_text())["world_size"] == 2
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
+
+
+def test_train_headline():
+    from tern.train import train_headline
+
+    r = {"val_bpb": 2.0, "train_tokens": 100, "steps": 2, "tokens_per_s": 50.0, "wall_s": 3.0,
+         "sparsity": [{"zero_frac": 0.5}, {"zero_frac": 0.7}],
+         "expert_load": [{"max_over_mean": 1.2, "dead_experts": 0}, {"max_over_mean": 1.5, "dead_experts": 1}]}
+    h = train_headline(r)
+    assert h["mean_zero_frac"] == 0.6 and h["max_expert_load_over_mean"] == 1.5 and h["dead_experts"] == 1
