@@ -25,6 +25,17 @@ POOLS = ("table", "resident", "streamed")
 FP32_ONLY_GROUPS = ("norm", "mixer_aux")
 
 
+def dataclass_from_dict(cls: Any, d: Any) -> Any:
+    """``cls(**d)`` for a config dataclass, with a clear error for a non-dict or unknown keys."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{cls.__name__} must be built from a dict, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys: {unknown}; known keys: {sorted(known)}")
+    return cls(**d)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and storage of a ternary hybrid SSM / attention / MoE language model.
@@ -156,13 +167,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        if not isinstance(d, dict):
-            raise ValueError(f"ModelConfig must be built from a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {unknown}; known keys: {sorted(known)}")
-        return cls(**d)
+        return dataclass_from_dict(cls, d)
 
     @classmethod
     def from_json(cls, s: str) -> ModelConfig:

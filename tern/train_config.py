@@ -102,13 +102,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        if not isinstance(d, dict):
-            raise ValueError(f"TrainConfig must be built from a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig keys: {unknown}; known keys: {sorted(known)}")
-        return cls(**d)
+        from .config import dataclass_from_dict
+
+        return dataclass_from_dict(cls, d)
 
     def replace(self, **overrides: Any) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
