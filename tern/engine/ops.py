@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..model.scan_numba import fexp_nonpos
+from ..fastmath import fexp_nonpos
 from .kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from .kernels_ternary import ternary_matvec, ternary_matvec_par, ternary_matvec_skip, ternary_matvec_skip_par
 from .quant import quantize_act
@@ -574,7 +574,7 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 # (other files) are compiled into it: after a kernel file changes, the cached per-token code
 # would still run the old kernels. Drop this module's cache entries when any dependency's
 # content changed since they were written.
-_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "../model/scan_numba.py")
+_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "../fastmath.py")
 
 
 def _drop_stale_cache() -> None:
