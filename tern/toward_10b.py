@@ -40,29 +40,18 @@ def pick_10b(host: HostProfile, target_tok_per_s: float = 100.0, threads: int | 
     if not ts or any(t < 1 for t in ts):
         raise ValueError(f"threads must be >= 1, got {threads!r}")
     lo, hi = total_params * (1 - tolerance), total_params * (1 + tolerance)
-    best: tuple[Candidate, int] | None = None
-    for t in ts:
-        for c in search(host, target_tok_per_s * margin, threads=t, space=space,
-                        total_params_range=(lo, hi)):
-            if best is None or (c.active_params, c.tok_per_s) > (best[0].active_params, best[0].tok_per_s):
-                best = (c, t)
-    if best:
-        return best[0], best[1], True
-    fastest: tuple[Candidate, int] | None = None
-    for t in ts:
-        for c in search(host, 1e-9, threads=t, space=space, total_params_range=(lo, hi)):
-            if fastest is None or c.tok_per_s > fastest[0].tok_per_s:
-                fastest = (c, t)
-    if fastest is None:
+    # one prediction per (config in range, thread count); then qualify or fall back
+    every = [(c, t) for t in ts for c in search(host, 1e-9, threads=t, space=space,
+                                                 total_params_range=(lo, hi))]
+    if not every:
         raise ValueError(f"the search space has no config of {total_params / 1e9:.1f}B (±{tolerance:.0%})"
                          " that fits this host's RAM")
-    return fastest[0], fastest[1], False
-
-
-def _total(cfg: ModelConfig) -> int:
-    from .config import param_counts
-
-    return param_counts(cfg).total.params
+    ok = [(c, t) for c, t in every if c.tok_per_s >= target_tok_per_s * margin]
+    if ok:
+        c, t = max(ok, key=lambda ct: (ct[0].active_params, ct[0].tok_per_s))
+        return c, t, True
+    c, t = max(every, key=lambda ct: ct[0].tok_per_s)
+    return c, t, False
 
 
 def scaled_down(cfg: ModelConfig, factor: int = 64) -> ModelConfig:
@@ -73,9 +62,10 @@ def scaled_down(cfg: ModelConfig, factor: int = 64) -> ModelConfig:
     return replace(cfg, name=f"{cfg.name}-div{factor}", n_experts=max(cfg.top_k, cfg.n_experts // factor))
 
 
-def roof_table(cfg: ModelConfig, hosts: dict[str, HostProfile], threads: dict[str, list[int]]
-               ) -> list[dict[str, Any]]:
-    """Predicted tok/s and the roof that stops each pool, per host and thread count."""
+def roof_table(cfg: ModelConfig, hosts: dict[str, HostProfile], threads: dict[str, list[int]],
+               target_tok_per_s: float = 100.0) -> list[dict[str, Any]]:
+    """Predicted tok/s and the roof that stops each pool, per host and thread count;
+    ``shortfall`` is the fraction of ``target_tok_per_s`` missing (0 when reached)."""
     rows = []
     for label, host in hosts.items():
         for t in threads[label]:
@@ -86,5 +76,6 @@ def roof_table(cfg: ModelConfig, hosts: dict[str, HostProfile], threads: dict[st
                          "streamed_bytes": p.streamed.bytes_per_token,
                          "streamed_bound": p.streamed.bound, "streamed_s": p.streamed.time_s,
                          "overhead_s": p.overhead_s,
-                         "shortfall": max(0.0, 1.0 - p.tok_per_s / 100.0) if math.isfinite(p.tok_per_s) else 0.0})
+                         "shortfall": max(0.0, 1.0 - p.tok_per_s / target_tok_per_s)
+                         if math.isfinite(p.tok_per_s) else 0.0})
     return rows
