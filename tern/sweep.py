@@ -339,9 +339,11 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     from .notebook import results_dir
     from .roofline import resolve_host
 
+    threads = args.threads or ([1] if args.quick else sorted({1, os.cpu_count() or 1}))
+    if any(t < 1 for t in threads):  # before any probing or model building
+        raise ValueError(f"--threads must be >= 1, got {threads}")
     out = results_dir(args.results)
     host = resolve_host(args.host, results=out, probe_if_missing=True)
-    threads = args.threads or ([1] if args.quick else sorted({1, os.cpu_count() or 1}))
     cal: dict[str, float] = dict(host.calibration)
     if not args.no_calibrate:
         host, cal = calibrate(host, out / "models", threads=threads, quick=args.quick)

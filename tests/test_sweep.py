@@ -166,3 +166,11 @@ def test_pair_summary_and_table():
     s = pair_summary(rows)
     assert s[0]["measured_ratio"] == pytest.approx(0.98)
     assert "206m" in render_rows(rows)
+
+
+def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
+    from tern.cli import main
+
+    assert main(["bench", "sweep", "--quick", "--threads", "0", "--results", str(tmp_path)]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "host_profile.json").exists()
