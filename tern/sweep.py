@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def fixed_active_family(budget: str, max_total_bytes: float = 2.2e9,
     experts) up to ``max_total_bytes``, about ``points_per_octave`` per doubling."""
     base = _budget(budget)
     lo = param_counts(base.replace(n_experts=base.top_k)).total.bytes
-    n = max(int(round(points_per_octave * max(1.0, _log2(max_total_bytes / lo)))), 1)
+    n = max(int(round(points_per_octave * max(1.0, math.log2(max_total_bytes / lo)))), 1)
     out, seen = [], set()
     for i in range(n + 1):
         tb = lo * (max_total_bytes / lo) ** (i / n)
@@ -98,12 +99,6 @@ def _budget(name: str) -> ModelConfig:
         return BUDGETS[name]
     except KeyError:
         raise ValueError(f"unknown sweep budget {name!r}; budgets: {', '.join(BUDGETS)}") from None
-
-
-def _log2(x: float) -> float:
-    import math
-
-    return math.log2(x) if x > 0 else 0.0
 
 
 # ---- points ---------------------------------------------------------------------------------
