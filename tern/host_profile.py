@@ -16,7 +16,8 @@ from typing import Any
 from .records import atomic_write_json
 
 FORMAT = "tern.host_profile"
-VERSION = 1
+VERSION = 2  # 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
+READABLE_VERSIONS = (1, 2)  # version 1 lacks the spread fields: they load as unknown
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,35 @@ class CacheLevel:
 
 @dataclass(frozen=True)
 class BandwidthPoint:
+    """One point of a bandwidth curve. GB/s = 1e9 bytes/s, STREAM counting (no
+    write-allocate). The spread fields (since profile version 2) are None / empty for
+    points without measured runs: reference and synthetic curves, version-1 profiles."""
+
     kernel: str  # "read", "copy", "triad"
     threads: int
     working_set_bytes: int
-    gbps_best: float  # GB/s = 1e9 bytes/s, STREAM counting (no write-allocate)
+    gbps_best: float  # fastest timed run
     gbps_median: float
     repeats: int
+    gbps_min: float | None = None  # slowest timed run (None: not recorded)
+    runs_gbps: tuple[float, ...] = ()  # GB/s of every timed run, in the order taken
+    runs_at_s: tuple[float, ...] = ()  # start of each run, s since the sweep began
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; keep tuples so a loaded profile equals the saved one
+        object.__setattr__(self, "runs_gbps", tuple(float(g) for g in self.runs_gbps))
+        object.__setattr__(self, "runs_at_s", tuple(float(t) for t in self.runs_at_s))
+        if self.runs_at_s and len(self.runs_at_s) != len(self.runs_gbps):
+            raise ValueError(f"bandwidth point has {len(self.runs_gbps)} runs but "
+                             f"{len(self.runs_at_s)} run start times")
+        if self.gbps_min is not None and not (0 < self.gbps_min <= self.gbps_best):
+            raise ValueError(f"bandwidth point gbps_min {self.gbps_min} is not in "
+                             f"(0, gbps_best={self.gbps_best}]")
+
+    @property
+    def span_s(self) -> float | None:
+        """Seconds from the first run's start to the last run's start (None: not recorded)."""
+        return self.runs_at_s[-1] - self.runs_at_s[0] if self.runs_at_s else None
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,22 @@ class KernelThroughput:
 
 
 @dataclass(frozen=True)
+class OpCost:
+    """Fitted seconds of one engine operation (tern.probe_ops): call + row x rows + unit x units."""
+
+    op: str  # "ternary_matvec", "ssm_scan", ... (tern.probe_ops.OPS)
+    threads: int
+    call_s: float  # fixed cost per call
+    row_s: float  # per row (per channel) of the op
+    unit_s: float  # per unit: a weight, a state element, a cached position x d_model, an element
+    samples: int  # sizes timed
+    max_rel_err: float  # largest |fit / measured - 1| over the sizes
+
+    def seconds(self, calls: float, rows: float, units: float) -> float:
+        return self.call_s * calls + self.row_s * rows + self.unit_s * units
+
+
+@dataclass(frozen=True)
 class HostProfile:
     label: str  # "measured on <host>" or "reference: ... (published figures, not measured)"
     measured: bool
@@ -64,6 +104,7 @@ class HostProfile:
     bandwidth: tuple[BandwidthPoint, ...]
     kernels: tuple[KernelThroughput, ...] = ()
     calibration: dict[str, float] = field(default_factory=dict)  # e.g. per-token overhead s
+    op_costs: tuple[OpCost, ...] = ()  # engine operation costs (tern.probe_ops)
 
     # ---- queries ----------------------------------------------------------------------
     def cache(self, level: int) -> CacheLevel | None:
@@ -137,9 +178,9 @@ class HostProfile:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"not a tern host profile (format field is "
                              f"{d.get('format') if isinstance(d, dict) else None!r}, expected {FORMAT!r})")
-        if d.get("version") != VERSION:
+        if d.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"host profile version {d.get('version')!r} is not supported "
-                             f"(this tern reads version {VERSION}); re-run `tern probe`")
+                             f"(this tern reads versions {READABLE_VERSIONS}); re-run `tern probe`")
         try:
             prof = cls(
                 label=str(d["label"]), measured=bool(d["measured"]), host=dict(d["host"]),
@@ -148,6 +189,7 @@ class HostProfile:
                 bandwidth=tuple(BandwidthPoint(**p) for p in d["bandwidth"]),
                 kernels=tuple(KernelThroughput(**k) for k in d.get("kernels", ())),
                 calibration=dict(d.get("calibration", {})),
+                op_costs=tuple(OpCost(**c) for c in d.get("op_costs", ())),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"host profile is malformed: {e}") from None

@@ -2,11 +2,17 @@
 
     profile = run_probe(probe_config(quick=True))      # -> HostProfile (saved with out=...)
     plateau_table(profile)                             # {threads: {"L1": GB/s, ..., "DRAM": GB/s}}
+    plateau_spread(profile)                            # ... and the slowest / fastest run of each
 
 Caches come from ``/sys`` (:mod:`tern.probe_caches`), bandwidth from numba read / copy /
 triad kernels swept over working sets (:mod:`tern.probe_bandwidth`), kernel throughput
 from the matvec registry (:mod:`tern.kernel_bench`). All figures: GB/s = 1e9 bytes/s,
 G ops/s with a multiply-add counted as 2 ops.
+
+Spread: a shared VM drifts between bandwidth regimes over tens of seconds. The sweep
+takes each curve's repeats in rounds (every point once per round), so each point's runs
+sample the whole sweep; each point keeps its slowest and fastest run, and the plateaus
+report that range and how many seconds their runs spanned.
 
 Threads: numba's OpenMP layer with libgomp's default wait policy (spin, then sleep) made
 every parallel call cost ~50 ms on a busy 2-core VM; with ``OMP_WAIT_POLICY=PASSIVE`` it
@@ -26,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .host_profile import HostProfile, KernelThroughput
+from .host_profile import BandwidthPoint, HostProfile, KernelThroughput
 from .probe_bandwidth import KERNELS, SweepConfig, default_max_ws_bytes, format_bytes
 from .probe_caches import Topology, detect_caches, read_topology
 from .probe_timing import TimingConfig
-from .records import run_metadata
+from .records import run_metadata, summarize
 
 DEFAULT_OUT = "results/host_profile.json"
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
@@ -75,7 +81,7 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
                  sys_root: str = "/sys") -> ProbeConfig:
     """The quick (< 20 s on a 2-core VM: read kernel only, 2 points per octave, 20 ms
     runs, up to 4 x LLC) or full (< 3 min: read at 4 points per octave, copy and triad at
-    2, 100 ms runs, up to max(4 x LLC, 512 MiB)) probe; 3 repeats each."""
+    2, 100 ms runs, up to max(4 x LLC, 512 MiB)) probe; 3 repeats each, taken in rounds."""
     threads = tuple(thread_counts or default_thread_counts())
     if llc_bytes is None:
         caches, source = detect_caches(sys_root)
@@ -176,7 +182,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                   "points_per_octave": sc.points_per_octave,
                   "stream_points_per_octave": sc.stream_points_per_octave or sc.points_per_octave,
                   "min_time_s": sc.timing.min_time_s,
-                  "repeats": sc.timing.repeats, "warmup_s": sc.timing.warmup_s},
+                  "repeats": sc.timing.repeats, "warmup_s": sc.timing.warmup_s,
+                  "repeat_order": "rounds"},  # each curve's repeats interleaved, see sweep()
         "probe_wall_s": round(time.perf_counter() - t0, 2),
     })
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
@@ -204,6 +211,40 @@ class Plateau:
     lo_bytes: int  # the window: working sets in (lo_bytes, hi_bytes]
     hi_bytes: int | None  # None: unbounded (DRAM)
     points: int  # curve points inside the window
+    # spread over every timed run of those points (None / 0: the points carry no runs,
+    # e.g. a reference curve or a version-1 profile)
+    gbps_min: float | None = None  # slowest run, GB/s
+    gbps_max: float | None = None  # fastest run, GB/s
+    runs: int = 0  # timed runs behind gbps_min .. gbps_max
+    span_s: float | None = None  # first to last run start, s (how long the runs sampled)
+
+    def spread_text(self) -> str:
+        """'54.5 GB/s (34.1–58.4 over 6 runs of 2 points, spread over 90 s)'."""
+        if self.gbps is None:
+            return "-"
+        text = f"{self.gbps:.1f} GB/s"
+        if self.runs and self.gbps_min is not None and self.gbps_max is not None:
+            text += (f" ({self.gbps_min:.1f}\u2013{self.gbps_max:.1f} over {self.runs} runs of "
+                     f"{self.points} point{'s' if self.points != 1 else ''}")
+            if self.span_s is None:
+                text += ")"
+            else:
+                text += f", spread over {self.span_s:.{0 if self.span_s >= 10 else 1}f} s)"
+        return text
+
+
+def _plateau(name: str, threads: int, kernel: str, pts: list[BandwidthPoint], lo: int,
+             hi: int | None) -> Plateau:
+    """Plateau of the curve points ``pts`` inside one window."""
+    gbps = statistics.median(p.gbps_median for p in pts) if pts else None
+    runs = [g for p in pts for g in p.runs_gbps]  # GB/s of every timed run
+    if not runs:
+        return Plateau(name, threads, kernel, gbps, lo, hi, len(pts))
+    s = summarize(runs)
+    starts = [t for p in pts for t in p.runs_at_s]
+    span = max(starts) - min(starts) if starts else None
+    return Plateau(name, threads, kernel, gbps, lo, hi, len(pts), gbps_min=s["min"],
+                   gbps_max=s["max"], runs=int(s["repeats"]), span_s=span)
 
 
 def detect_plateaus(profile: HostProfile, threads: int, kernel: str = "read") -> list[Plateau]:
@@ -214,13 +255,14 @@ def detect_plateaus(profile: HostProfile, threads: int, kernel: str = "read") ->
     ``threads`` threads see them, one core each: private caches add up, a shared one
     counts once per instance in use). DRAM is every working set >= 4 x the total
     last-level cache. When a window is empty, the points between the two capacities are
-    used instead. The plateau is the median of the points' median GB/s."""
+    used instead. The plateau is the median of the points' median GB/s; its spread is
+    the slowest and fastest of all their timed runs, and how long those runs took."""
     from .roofline import cache_capacity_bytes, cache_levels
 
     curve = profile.curve(threads, kernel)
 
-    def window(lo: int, hi: float | None) -> list[float]:
-        return [p.gbps_median for p in curve
+    def window(lo: int, hi: float | None) -> list[BandwidthPoint]:
+        return [p for p in curve
                 if p.working_set_bytes > lo and (hi is None or p.working_set_bytes <= hi)]
 
     out = []
@@ -228,22 +270,20 @@ def detect_plateaus(profile: HostProfile, threads: int, kernel: str = "read") ->
     for c in cache_levels(profile):
         cap = cache_capacity_bytes(profile, c.level, threads) or c.size_bytes
         lo, hi = 2 * prev_cap, cap // 2
-        vals = window(lo, hi) if lo < hi else []
-        if not vals:
+        pts = window(lo, hi) if lo < hi else []
+        if not pts:
             lo, hi = prev_cap, cap
-            vals = window(lo, hi)
+            pts = window(lo, hi)
         name = LEVEL_NAMES[c.level - 1] if c.level <= len(LEVEL_NAMES) else f"L{c.level}"
-        out.append(Plateau(name, threads, kernel, statistics.median(vals) if vals else None,
-                           lo, hi, len(vals)))
+        out.append(_plateau(name, threads, kernel, pts, lo, hi))
         prev_cap = max(prev_cap, cap)
     llc = profile.llc_bytes or prev_cap
     lo = 4 * llc
-    vals = [p.gbps_median for p in curve if p.working_set_bytes >= lo]
-    if not vals:
+    pts = window(lo - 1, None)
+    if not pts:
         lo = 2 * llc
-        vals = [p.gbps_median for p in curve if p.working_set_bytes >= lo]
-    out.append(Plateau("DRAM", threads, kernel, statistics.median(vals) if vals else None,
-                       lo - 1, None, len(vals)))
+        pts = window(lo - 1, None)
+    out.append(_plateau("DRAM", threads, kernel, pts, lo - 1, None))
     return out
 
 
@@ -277,7 +317,20 @@ def format_plateau_table(profile: HostProfile, kernel: str = "read") -> str:
     for t, row in plateau_table(profile, kernel).items():
         lines.append(f"{t:>7} " + " ".join(
             f"{row[n]:>8.1f}" if row.get(n) is not None else f"{'-':>8}" for n in names))
+    for t in profile.thread_counts(kernel):
+        dram = detect_plateaus(profile, t, kernel)[-1]
+        if dram.runs:  # measured runs: show how far apart the slowest and fastest were
+            lines.append(f"DRAM, {t} thread{'s' if t > 1 else ''}: {dram.spread_text()}")
     return "\n".join(lines)
+
+
+def plateau_spread(profile: HostProfile, kernel: str = "read") -> dict[int, dict[str, dict[str, Any]]]:
+    """{threads: {level: {gbps (median of point medians), gbps_min, gbps_max (slowest and
+    fastest run), runs, points, span_s}}}; min / max / span None without recorded runs."""
+    return {t: {p.name: {"gbps": p.gbps, "gbps_min": p.gbps_min, "gbps_max": p.gbps_max,
+                         "runs": p.runs, "points": p.points, "span_s": p.span_s}
+                for p in detect_plateaus(profile, t, kernel)}
+            for t in profile.thread_counts(kernel)}
 
 
 def format_kernel_table(profile: HostProfile) -> str:
@@ -301,6 +354,7 @@ def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -
         "llc_bytes": profile.llc_bytes,
         "read_kernel_simd": profile.host.get("read_kernel_simd"),
         "plateaus_gbps": {str(t): row for t, row in plateau_table(profile).items()},
+        "plateau_spread": {str(t): row for t, row in plateau_spread(profile).items()},
         "kernels": [{"kernel": k.kernel, "threads": k.threads, "rows": k.rows, "cols": k.cols,
                      "gops_median": k.gops_median, "gbps_median": k.gbps_median}
                     for k in profile.kernels],
@@ -317,6 +371,13 @@ def probe_headlines(profile: HostProfile) -> dict[str, Any]:
         for level, gbps in row.items():
             if gbps is not None:
                 h[f"read_{level}_{t}t_gbps"] = round(gbps, 1)
+        dram = detect_plateaus(profile, t)[-1]
+        if dram.runs and dram.gbps_min is not None and dram.gbps_max is not None:
+            h[f"read_DRAM_{t}t_gbps_min"] = round(dram.gbps_min, 1)  # slowest timed run
+            h[f"read_DRAM_{t}t_gbps_max"] = round(dram.gbps_max, 1)  # fastest timed run
+            h[f"read_DRAM_{t}t_runs"] = dram.runs
+            if dram.span_s is not None:
+                h[f"read_DRAM_{t}t_span_s"] = round(dram.span_s, 1)
     for k in profile.kernels:
         h[f"{k.kernel}_{k.rows}x{k.cols}_{k.threads}t_gops"] = round(k.gops_median, 1)
     h["probe_wall_s"] = profile.host.get("probe_wall_s")
@@ -331,6 +392,8 @@ JSON_FIELDS = """\
   caches: [{level, type, size_bytes (one instance), instances, shared_by (logical CPUs)}]
   llc_bytes: total last-level cache;  read_kernel_simd: zmm|ymm|xmm|scalar
   plateaus_gbps: {threads: {L1, L2, L3, DRAM: read GB/s (1e9 B/s) or null}}
+  plateau_spread: {threads: {level: {gbps, gbps_min, gbps_max (slowest / fastest timed run),
+                   runs, points, span_s (first to last run start; runs are interleaved)}}}
   kernels: [{kernel, threads, rows, cols, gops_median (multiply-add = 2 ops), gbps_median (weights)}]
   wall_s: probe wall time in seconds"""
 

@@ -30,8 +30,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import probe_timing
 from .host_profile import BandwidthPoint
-from .probe_timing import Timing, TimingConfig, timed_runs
+from .probe_timing import Calibrated, Timing, TimingConfig, calibrate
 from .records import summarize
 
 KIB = 1024
@@ -246,21 +247,46 @@ def run_passes(kernel: str, arrays: tuple[np.ndarray, ...], threads: int, passes
     raise ValueError(f"unknown bandwidth kernel {kernel!r}; choose from {KERNELS}")
 
 
-def measure_point(kernel: str, working_set_bytes: int, threads: int, buffers: SweepBuffers,
-                  timing: TimingConfig, count_hint: int = 1) -> tuple[BandwidthPoint, Timing]:
-    """GB/s of one kernel at one working set on ``threads`` threads (best and median of
-    ``timing.repeats`` runs, each at least ``timing.min_time_s`` long)."""
+def bandwidth_point(kernel: str, threads: int, working_set_bytes: int, timing: Timing,
+                    origin_s: float) -> BandwidthPoint:
+    """The BandwidthPoint of ``timing``'s runs over ``working_set_bytes`` (the bytes one
+    pass touches); run starts are stored as seconds since ``origin_s`` (on probe_timing.clock)."""
+    runs = [r / 1e9 for r in timing.rates(working_set_bytes)]  # GB/s per run, in order
+    s = summarize(runs)
+    return BandwidthPoint(kernel=kernel, threads=threads, working_set_bytes=working_set_bytes,
+                          gbps_best=s["max"], gbps_median=s["median"], repeats=int(s["repeats"]),
+                          gbps_min=s["min"], runs_gbps=tuple(runs),
+                          runs_at_s=tuple(t - origin_s for t in timing.starts_s))
+
+
+def calibrate_point(kernel: str, working_set_bytes: int, threads: int, buffers: SweepBuffers,
+                    timing: TimingConfig, count_hint: int = 1) -> tuple[Calibrated, int]:
+    """Warm up and choose the pass count of one kernel at one working set (the caller
+    holds numba's thread count at ``threads``, see :func:`numba_threads`). Returns the
+    calibrated run and the working set in bytes it really touches."""
     check_threads(threads)
     n = elements_for(kernel, working_set_bytes)
     arrays = buffers.arrays(kernel, n)
     ws = n * 8 * N_ARRAYS[kernel]
+    c = calibrate(lambda passes: run_passes(kernel, arrays, threads, passes), timing, count_hint,
+                  fixed_cost_check=threads > 1)
+    return c, ws
+
+
+def measure_point(kernel: str, working_set_bytes: int, threads: int, buffers: SweepBuffers,
+                  timing: TimingConfig, count_hint: int = 1) -> tuple[BandwidthPoint, Timing]:
+    """GB/s of one kernel at one working set on ``threads`` threads (best, median and
+    worst of ``timing.repeats`` runs, each at least ``timing.min_time_s`` long).
+
+    For a single point: its repeats are timed back to back right after calibration (run
+    starts in the point are seconds since the first run). :func:`sweep` instead spreads
+    each point's repeats over the whole curve, in rounds."""
     with numba_threads(threads):
-        t = timed_runs(lambda passes: run_passes(kernel, arrays, threads, passes), timing, count_hint,
-                       fixed_cost_check=threads > 1)
-    s = summarize([r / 1e9 for r in t.rates(ws)])  # GB/s per run
-    point = BandwidthPoint(kernel=kernel, threads=threads, working_set_bytes=ws,
-                           gbps_best=s["max"], gbps_median=s["median"], repeats=int(s["repeats"]))
-    return point, t
+        c, ws = calibrate_point(kernel, working_set_bytes, threads, buffers, timing, count_hint)
+        for _ in range(timing.repeats):
+            c.time_once()
+    t = c.timing()
+    return bandwidth_point(kernel, threads, ws, t, t.starts_s[0]), t
 
 
 # ---- the sweep ----------------------------------------------------------------------------
@@ -319,27 +345,50 @@ def default_max_ws_bytes(llc_bytes: int, quick: bool = False) -> int:
 
 def sweep(cfg: SweepConfig, progress: bool = True,
           buffers: SweepBuffers | None = None) -> list[BandwidthPoint]:
-    """Every (kernel, threads, working set) point of ``cfg``, small to large sizes."""
+    """Every (kernel, threads, working set) point of ``cfg``, small to large sizes.
+
+    One curve (kernel, thread count) at a time: every point is warmed up and its pass
+    count chosen once, small to large (each size's rate is the next one's count hint);
+    then the ``cfg.timing.repeats`` timed runs are taken in rounds, round r timing one run
+    of every point of the curve, small to large, before round r+1 (see
+    :func:`tern.probe_timing.timed_rounds`). A point's runs are so spread over the
+    curve's whole timed duration, and a machine that drifts between regimes shows as
+    spread within points (``gbps_min`` .. ``gbps_best``) instead of a step between
+    neighbours. Run starts are stored as seconds since the sweep began."""
     from tqdm import tqdm
 
     compile_kernels()
     buffers = buffers or SweepBuffers(cfg.max_ws_bytes)
+    rounds = cfg.timing.repeats
+    origin_s = probe_timing.clock()
     points: list[BandwidthPoint] = []
-    with tqdm(total=cfg.n_points(), desc="bandwidth", unit="pt", disable=not progress,
+    with tqdm(total=cfg.n_points() * (1 + rounds), desc="bandwidth", unit="step", disable=not progress,
               leave=False, file=sys.stderr, mininterval=0.5) as bar:
         for kernel in cfg.kernels:
             sizes = cfg.sizes(kernel)
             for threads in cfg.thread_counts:
-                passes_per_s = 0.0
-                for ws in sizes:
-                    hint = max(1, int(passes_per_s * cfg.timing.warmup_s)) if passes_per_s else 1
-                    p, t = measure_point(kernel, ws, threads, buffers, cfg.timing, hint)
-                    points.append(p)
-                    nxt = sizes[min(sizes.index(ws) + 1, len(sizes) - 1)]
-                    passes_per_s = t.rate_per_count() * p.working_set_bytes / nxt
-                    bar.set_postfix_str(f"{kernel} {threads}T {format_bytes(ws)} "
-                                        f"{p.gbps_median:.0f} GB/s")
-                    bar.update()
+                with numba_threads(threads):
+                    calibrated: list[Calibrated] = []
+                    wss: list[int] = []
+                    hint = 1
+                    for i, ws in enumerate(sizes):
+                        c, real_ws = calibrate_point(kernel, ws, threads, buffers, cfg.timing, hint)
+                        calibrated.append(c)
+                        wss.append(real_ws)
+                        nxt = sizes[min(i + 1, len(sizes) - 1)]
+                        # passes per warm-up at the next size (passes/s scale as 1 / bytes)
+                        hint = max(1, int(c.calibration_rate * real_ws / nxt * cfg.timing.warmup_s))
+                        bar.set_postfix_str(f"{kernel} {threads}T calibrate {format_bytes(ws)}")
+                        bar.update()
+
+                    def done(r: int, i: int, kernel=kernel, threads=threads, wss=wss) -> None:
+                        bar.set_postfix_str(f"{kernel} {threads}T round {r + 1}/{rounds} "
+                                            f"{format_bytes(wss[i])}")
+                        bar.update()
+
+                    timings = probe_timing.timed_rounds(calibrated, rounds, after_each=done)
+                points += [bandwidth_point(kernel, threads, ws, t, origin_s)
+                           for ws, t in zip(wss, timings, strict=True)]
     return points
 
 

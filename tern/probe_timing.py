@@ -1,25 +1,38 @@
 """Timing loop shared by the bandwidth sweep and the kernel benchmark.
 
 ``run(count)`` executes ``count`` repetitions of the work (passes over an array, matvec
-calls). :func:`timed_runs` warms up, picks ``count`` so one timed run lasts at least
-``min_time_s`` (and is long enough that a fixed per-call cost does not dominate it),
-then times ``repeats`` runs; a run that comes out shorter than
-``min_time_s`` (the machine sped up after the warm-up) is redone with a larger count, so
-every kept sample honours the minimum.
+calls). :func:`calibrate` warms up and picks ``count`` so one timed run lasts at least
+``min_time_s`` (and is long enough that a fixed per-call cost does not dominate it); the
+:class:`Calibrated` it returns then takes one kept sample per :meth:`Calibrated.time_once`
+call. A run that comes out shorter than ``min_time_s`` (the machine sped up after the
+warm-up) is redone with a larger count, so every kept sample honours the minimum.
+
+Two orders of samples:
+
+* :func:`timed_runs` takes ``repeats`` samples back to back (one measurement on its own);
+* :func:`timed_rounds` takes them in rounds over several calibrated runs: round r times
+  one run of each, in the given order, before round r+1 starts. Each measurement's
+  samples are then spread over the whole duration, so drift of a shared machine (another
+  tenant's load coming and going) widens every measurement's spread instead of shifting
+  one measurement against its neighbour.
+
+Each kept sample records its start on :func:`clock` (``time.perf_counter``, seconds).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+clock = time.perf_counter  # seconds; tests replace it with a fake clock
 
 
 @dataclass(frozen=True)
 class TimingConfig:
     min_time_s: float = 0.1  # each timed run lasts at least this long
-    repeats: int = 3  # timed runs kept (best and median are reported)
+    repeats: int = 3  # timed runs kept (best, median and worst are reported)
     warmup_s: float = 0.02  # warm-up (and calibration) time before the timed runs
     max_calibration_s: float = 0.25  # longest run the fixed-cost check may grow to
 
@@ -38,56 +51,101 @@ class TimingConfig:
 class Timing:
     counts: tuple[int, ...]  # repetitions in each kept run
     seconds: tuple[float, ...]  # duration of each kept run, each >= min_time_s
+    starts_s: tuple[float, ...] = ()  # clock() at the start of each kept run (s), in order
 
     def rates(self, units_per_count: float) -> list[float]:
         """Units per second of every kept run (e.g. bytes per pass -> bytes/s)."""
         return [units_per_count * c / s for c, s in zip(self.counts, self.seconds, strict=True)]
 
-    def rate_per_count(self) -> float:
-        """Best repetitions per second (a count hint for the next, similar measurement)."""
-        return max(c / s for c, s in zip(self.counts, self.seconds, strict=True))
 
-
-def _timed(run: Callable[[int], None], count: int) -> float:
-    t0 = time.perf_counter()
+def _timed(run: Callable[[int], None], count: int) -> tuple[float, float]:
+    """(start on clock(), duration in s) of one ``run(count)``."""
+    t0 = clock()
     run(count)
-    return time.perf_counter() - t0
+    return t0, clock() - t0
 
 
-def timed_runs(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 1,
-               max_count: int = 1 << 40, fixed_cost_check: bool = True) -> Timing:
-    """Warm up, calibrate and time ``run``. ``count_hint`` is a first guess of the count
+class Calibrated:
+    """A ``run`` with its count chosen by :func:`calibrate`; collects kept samples."""
+
+    def __init__(self, run: Callable[[int], None], cfg: TimingConfig, count: int, max_count: int,
+                 calibration_rate: float):
+        self.run, self.cfg, self.max_count = run, cfg, max_count
+        self.count = count  # repetitions per timed run (grows if a run comes out short)
+        self.calibration_rate = calibration_rate  # repetitions/s of the last calibration run
+        self._counts: list[int] = []
+        self._seconds: list[float] = []
+        self._starts: list[float] = []
+
+    def time_once(self) -> float:
+        """Take one kept sample (at least ``min_time_s`` long); returns its duration (s)."""
+        for _attempt in range(8):
+            ran = self.count
+            t0, dt = _timed(self.run, ran)
+            if dt >= self.cfg.min_time_s or self.count >= self.max_count:
+                break
+            self.count = min(self.max_count,
+                             math.ceil(self.count * 1.1 * self.cfg.min_time_s / max(dt, 1e-9)))
+        self._counts.append(ran)
+        self._seconds.append(dt)
+        self._starts.append(t0)
+        return dt
+
+    def timing(self) -> Timing:
+        """The samples kept so far, in the order taken."""
+        return Timing(counts=tuple(self._counts), seconds=tuple(self._seconds),
+                      starts_s=tuple(self._starts))
+
+
+def calibrate(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 1,
+              max_count: int = 1 << 40, fixed_cost_check: bool = True) -> Calibrated:
+    """Warm up ``run`` and choose its count. ``count_hint`` is a first guess of the count
     that lasts ``cfg.warmup_s`` (e.g. from the previous working-set size).
     ``fixed_cost_check``: make sure a fixed cost per ``run`` call (not per count) does not
     dominate; needed when one call starts threads, skipped for single-thread kernels."""
     count = max(1, min(int(count_hint), max_count))
-    dt = _timed(run, count)  # the first run also warms caches (and compiles, if needed)
+    _, dt = _timed(run, count)  # the first run also warms caches (and compiles, if needed)
     while dt < cfg.warmup_s and count < max_count:  # warm up for at least warmup_s
         count = min(max_count, max(count * 2, math.ceil(count * 1.2 * cfg.warmup_s / max(dt, 1e-7))))
-        dt = _timed(run, count)
+        _, dt = _timed(run, count)
     # A fixed cost per call (thread wake-up; on a busy machine a descheduled worker can
     # cost tens of ms) must not set the count: grow it until doubling the count about
     # doubles the time (jumping up to 8x while it does not), up to max_calibration_s a run.
     cap_s = max(cfg.min_time_s, cfg.max_calibration_s)
     while fixed_cost_check and count < max_count:
         doubled = min(max_count, 2 * count)
-        dt2 = _timed(run, doubled)
+        _, dt2 = _timed(run, doubled)
         if dt2 >= 1.6 * dt or dt2 >= cap_s or doubled >= max_count:
             count, dt = doubled, dt2
             break
         jump = max(2.0, min(8.0, cap_s / max(dt2, 1e-9)))  # do not overshoot the cap
         count = min(max_count, math.ceil(doubled * jump / 2))
-        dt = _timed(run, count)
+        _, dt = _timed(run, count)
+    rate = count / max(dt, 1e-9)
     floor = count  # below this the fixed cost dominates
     count = min(max_count, max(floor, math.ceil(count * 1.05 * cfg.min_time_s / max(dt, 1e-9))))
-    counts, seconds = [], []
+    return Calibrated(run, cfg, count, max_count, rate)
+
+
+def timed_runs(run: Callable[[int], None], cfg: TimingConfig, count_hint: int = 1,
+               max_count: int = 1 << 40, fixed_cost_check: bool = True) -> Timing:
+    """Calibrate ``run`` (see :func:`calibrate`), then time ``cfg.repeats`` runs back to back."""
+    c = calibrate(run, cfg, count_hint, max_count, fixed_cost_check)
     for _ in range(cfg.repeats):
-        for _attempt in range(8):
-            ran = count
-            dt = _timed(run, ran)
-            if dt >= cfg.min_time_s or count >= max_count:
-                break
-            count = min(max_count, math.ceil(count * 1.1 * cfg.min_time_s / max(dt, 1e-9)))
-        counts.append(ran)
-        seconds.append(dt)
-    return Timing(counts=tuple(counts), seconds=tuple(seconds))
+        c.time_once()
+    return c.timing()
+
+
+def timed_rounds(calibrated: Sequence[Calibrated], rounds: int,
+                 after_each: Callable[[int, int], None] | None = None) -> list[Timing]:
+    """``rounds`` rounds; round r times one run of every ``calibrated[i]`` in order before
+    round r+1 starts. ``after_each(r, i)`` is called after each run (e.g. a progress bar).
+    Returns each one's Timing (``rounds`` samples each, in the order of ``calibrated``)."""
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    for r in range(rounds):
+        for i, c in enumerate(calibrated):
+            c.time_once()
+            if after_each is not None:
+                after_each(r, i)
+    return [c.timing() for c in calibrated]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tern import kernel_bench, probe
+from tern import kernel_bench, probe, probe_bandwidth, probe_timing
 from tern.engine import kernels_dense as kd
 from tern.host_profile import BandwidthPoint, CacheLevel, HostProfile
 from tern.probe_bandwidth import (
@@ -169,8 +169,10 @@ def test_measure_point_counts_stream_bytes():
     for kernel, arrays in (("read", 1), ("copy", 2), ("triad", 3)):
         p, t = measure_point(kernel, 96 * KIB, 1, buf, TINY_TIMING)
         assert p.working_set_bytes == elements_for(kernel, 96 * KIB) * 8 * arrays
-        assert p.repeats == 2 and 0 < p.gbps_median <= p.gbps_best
+        assert p.repeats == 2 and 0 < p.gbps_min <= p.gbps_median <= p.gbps_best
         assert all(s >= TINY_TIMING.min_time_s for s in t.seconds)
+        assert len(p.runs_gbps) == 2 and (min(p.runs_gbps), max(p.runs_gbps)) == (p.gbps_min, p.gbps_best)
+        assert p.runs_at_s[0] == 0.0 and p.runs_at_s[1] >= TINY_TIMING.min_time_s  # back to back
     with pytest.raises(ValueError, match="at most"):
         measure_point("read", 8 * KIB, 10_000, buf, TINY_TIMING)
     with pytest.raises(ValueError, match="unknown bandwidth kernel"):
@@ -190,6 +192,78 @@ def test_timed_runs_honours_min_time_and_amortises_fixed_cost():
         TimingConfig(min_time_s=0)
     with pytest.raises(ValueError):
         TimingConfig(repeats=0)
+
+
+class FakeClock:
+    """probe_timing.clock stand-in: time moves only when the fake kernel runs."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _fake_kernel(clock: FakeClock, log: list, gbps: float = 10.0):
+    """run_passes stand-in: a pass over the arrays takes their bytes at ``gbps`` GB/s
+    plus 1 us; logs (kernel, threads, elements, passes, start)."""
+    def run(kernel, arrays, threads, passes):
+        log.append((kernel, threads, arrays[0].shape[0], passes, clock.t))
+        clock.t += 1e-6 + passes * sum(a.nbytes for a in arrays) / (gbps * 1e9)
+        return 0.0
+    return run
+
+
+def test_timed_rounds_interleaves_and_keeps_min_time(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(probe_timing, "clock", clock)
+
+    def make(name, s_per_count):
+        def run(count):
+            calls.append(name)
+            clock.t += s_per_count * count
+        return run
+
+    cfg = TimingConfig(min_time_s=0.01, repeats=3, warmup_s=0.001)
+    cal = [probe_timing.calibrate(make(n, dt), cfg, fixed_cost_check=False)
+           for n, dt in (("a", 1e-5), ("b", 3e-5), ("c", 1e-4))]
+    calls.clear()
+    timings = probe_timing.timed_rounds(cal, 3)
+    assert calls == ["a", "b", "c"] * 3  # round r runs every one once before round r+1
+    for t in timings:
+        assert len(t.seconds) == 3 and all(s >= cfg.min_time_s for s in t.seconds)
+    starts = [(s, i) for i, t in enumerate(timings) for s in t.starts_s]
+    assert [i for _, i in sorted(starts)] == [0, 1, 2] * 3
+    with pytest.raises(ValueError, match="rounds"):
+        probe_timing.timed_rounds(cal, 0)
+
+
+def test_sweep_takes_each_curves_repeats_in_rounds(monkeypatch):
+    clock, log = FakeClock(), []
+    monkeypatch.setattr(probe_timing, "clock", clock)
+    monkeypatch.setattr(probe_bandwidth, "run_passes", _fake_kernel(clock, log))
+    cfg = SweepConfig(min_ws_bytes=4 * KIB, max_ws_bytes=64 * KIB, points_per_octave=1,
+                      kernels=("read", "copy"), thread_counts=(1,),
+                      timing=TimingConfig(min_time_s=0.01, repeats=3, warmup_s=0.001))
+    points = probe_bandwidth.sweep(cfg, progress=False)
+    assert len(points) == cfg.n_points() == 10
+    for kernel in ("read", "copy"):
+        curve = [p for p in points if p.kernel == kernel]
+        assert [p.working_set_bytes for p in curve] == sorted(p.working_set_bytes for p in curve)
+        assert all(p.repeats == 3 and len(p.runs_gbps) == len(p.runs_at_s) == 3 for p in curve)
+        # the timed runs, ordered by start: round 0 small to large, then round 1, round 2
+        order = sorted((at, i, r) for i, p in enumerate(curve) for r, at in enumerate(p.runs_at_s))
+        assert [(i, r) for _, i, r in order] == [(i, r) for r in range(3) for i in range(len(curve))]
+        for p in curve:  # the fake kernel runs at 10 GB/s (+1 us per call)
+            assert p.gbps_min <= p.gbps_median <= p.gbps_best
+            assert p.gbps_best == pytest.approx(10.0, rel=0.01)
+            # each point's runs span at least one run of every other point of its curve
+            assert p.span_s >= 2 * (len(curve) - 1) * cfg.timing.min_time_s
+    read_last = max(at for p in points if p.kernel == "read" for at in p.runs_at_s)
+    copy_first = min(at for p in points if p.kernel == "copy" for at in p.runs_at_s)
+    assert read_last < copy_first  # one curve at a time
+    assert min(at for p in points for at in p.runs_at_s) > 0  # seconds since the sweep began
+    assert {k for k, *_ in log} == {"read", "copy"}
 
 
 # ---- dense matvec kernels --------------------------------------------------------------------
@@ -290,6 +364,83 @@ def test_plateau_detection_on_synthetic_curve():
     assert "DRAM" in text and "200.0" in text and "40.0" in text
 
 
+def _with_runs(prof: HostProfile) -> HostProfile:
+    """``prof`` with three runs per point (0.6x, 1x and 1.1x its median), taken in rounds
+    over the points of each curve, 0.1 s apart."""
+    from dataclasses import replace
+
+    pts, clock = [], 0.0
+    by_curve: dict = {}
+    for p in prof.bandwidth:
+        by_curve.setdefault((p.kernel, p.threads), []).append(p)
+    for curve in by_curve.values():
+        n = len(curve)
+        for i, p in enumerate(curve):
+            v = p.gbps_median
+            pts.append(replace(p, gbps_best=1.1 * v, gbps_min=0.6 * v, runs_gbps=(0.6 * v, v, 1.1 * v),
+                               runs_at_s=tuple(clock + 0.1 * (r * n + i) for r in range(3))))
+        clock += 0.1 * 3 * n
+    return replace(prof, bandwidth=tuple(pts))
+
+
+def test_plateaus_carry_the_spread_of_their_runs():
+    plain = probe.detect_plateaus(_synthetic_profile(), 1)[-1]
+    assert plain.runs == 0 and plain.gbps_min is None and plain.span_s is None
+    assert plain.spread_text() == "20.0 GB/s"
+    prof = _with_runs(_synthetic_profile())
+    assert probe.plateau_table(prof) == probe.plateau_table(_synthetic_profile())  # medians unchanged
+    dram = probe.detect_plateaus(prof, 1)[-1]
+    n = dram.points
+    assert n >= 2 and dram.runs == 3 * n
+    assert (dram.gbps, dram.gbps_min, dram.gbps_max) == (20.0, pytest.approx(12.0), pytest.approx(22.0))
+    # the DRAM points are the last n of the curve's N: from round 0 at point N - n to
+    # round 2 at point N - 1, runs 0.1 s apart
+    N = len(prof.curve(1))
+    assert dram.span_s == pytest.approx(0.1 * ((2 * N + N - 1) - (N - n)))
+    text = probe.format_plateau_table(prof)
+    assert f"DRAM, 2 threads: 40.0 GB/s (24.0\u201344.0 over {3 * n} runs of {n} points, spread over" in text
+    spread = probe.plateau_spread(prof)
+    assert spread[1]["DRAM"]["gbps_min"] == pytest.approx(12.0) and spread[1]["DRAM"]["runs"] == 3 * n
+    assert spread[1]["L1"]["gbps_max"] == pytest.approx(220.0)
+    assert "DRAM, 1 thread" not in probe.format_plateau_table(_synthetic_profile())
+
+
+def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
+    from tern import host_profile
+
+    prof = _with_runs(_synthetic_profile())
+    f = tmp_path / "hp.json"
+    prof.save(f)
+    d = json.loads(f.read_text())
+    assert d["version"] == host_profile.VERSION == 2
+    assert len(d["bandwidth"][0]["runs_gbps"]) == 3 and "gbps_min" in d["bandwidth"][0]
+    loaded = HostProfile.load(f)
+    assert loaded == prof and isinstance(loaded.bandwidth[0].runs_at_s, tuple)
+    # a version-1 file (no spread fields) still loads; the spread is unknown
+    d["version"] = 1
+    for p in d["bandwidth"]:
+        for k in ("gbps_min", "runs_gbps", "runs_at_s"):
+            del p[k]
+    f.write_text(json.dumps(d))
+    old = HostProfile.load(f)
+    assert old.bandwidth[0].gbps_min is None and old.bandwidth[0].runs_gbps == ()
+    assert old.bandwidth[0].span_s is None
+    assert probe.plateau_table(old) == probe.plateau_table(prof)
+    d["version"] = 3
+    f.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="version 3 is not supported"):
+        HostProfile.load(f)
+
+
+def test_bandwidth_point_validates_spread_fields():
+    with pytest.raises(ValueError, match="run start times"):
+        BandwidthPoint("read", 1, 4096, 10.0, 9.0, 2, 8.0, (8.0, 10.0), (0.0,))
+    with pytest.raises(ValueError, match="gbps_min"):
+        BandwidthPoint("read", 1, 4096, 10.0, 9.0, 2, 11.0)
+    p = BandwidthPoint("read", 1, 4096, 10.0, 9.0, 2, 8.0, [8.0, 10.0], [1.0, 3.5])
+    assert p.runs_gbps == (8.0, 10.0) and p.span_s == 2.5
+
+
 def test_probe_config_caps_working_set_by_ram(monkeypatch):
     monkeypatch.setattr(probe, "_available_ram_bytes", lambda: 1024 * MIB)
     cfg = probe.probe_config(quick=False, thread_counts=(1,), sys_root=str(FIX / "sys_ryzen5_3600x"))
@@ -315,6 +466,10 @@ def test_probe_headlines_have_units():
     h = probe.probe_headlines(_synthetic_profile())
     assert h["read_L1_1t_gbps"] == 200.0 and h["read_DRAM_2t_gbps"] == 40.0
     assert h["llc_bytes"] == 16 * MIB and h["cache_source"] == "/sys"
+    assert "read_DRAM_1t_gbps_min" not in h  # no recorded runs
+    h = probe.probe_headlines(_with_runs(_synthetic_profile()))
+    assert (h["read_DRAM_1t_gbps_min"], h["read_DRAM_1t_gbps"], h["read_DRAM_1t_gbps_max"]) == (12.0, 20.0, 22.0)
+    assert h["read_DRAM_2t_runs"] > 3 and h["read_DRAM_2t_span_s"] > 0
 
 
 def test_plot_bandwidth_headless(tmp_path):
@@ -331,6 +486,23 @@ def test_plot_bandwidth_headless(tmp_path):
         plot_bandwidth(_synthetic_profile(), kernels=("copy",))
     fig = plot_bandwidth(_synthetic_profile(), kernels=None, label_plateaus=False)  # every kernel
     assert len(fig.axes[0].get_legend().get_texts()) == 2
+    assert not fig.axes[0].collections  # no recorded runs: no spread band
+
+
+def test_plot_bandwidth_shows_the_spread(tmp_path):
+    from tern.plots.probe import plot_bandwidth
+
+    prof = _with_runs(_synthetic_profile())
+    fig = plot_bandwidth(prof)
+    ax = fig.axes[0]
+    assert len(ax.collections) == 2  # one min-to-best band per curve
+    band = ax.collections[0].get_paths()[0].vertices  # (k, 2): x, GB/s around the band
+    curve = prof.curve(1)
+    assert band[:, 1].min() == pytest.approx(min(p.gbps_min for p in curve))
+    assert band[:, 1].max() == pytest.approx(max(p.gbps_best for p in curve))
+    assert any("DRAM 20 (12\u201322)" in t.get_text() for t in ax.texts)
+    fig.savefig(tmp_path / "bw.png")
+    assert not plot_bandwidth(_with_runs(_synthetic_profile()), show_spread=False).axes[0].collections
 
 
 def _tiny_config(**_: object) -> probe.ProbeConfig:
@@ -350,6 +522,8 @@ def test_tiny_probe_round_trips(tmp_path):
     for key in ("cpu_model", "isa", "physical_cores", "logical_cpus", "ram_bytes", "os",
                 "versions", "timestamp", "read_kernel_simd"):
         assert key in prof.host
+    assert all(p.repeats == 2 and len(p.runs_gbps) == 2 and p.gbps_min is not None for p in prof.bandwidth)
+    assert prof.host["sweep"]["repeat_order"] == "rounds"
     loaded = HostProfile.load(out)
     assert loaded == prof
     assert "L3" in probe.format_cache_table(loaded) and "int8_matvec" in probe.format_kernel_table(loaded)
@@ -367,5 +541,9 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     res = json.loads(stdout)
     assert res["profile_path"] == str(out) and out.exists()
     assert set(res["plateaus_gbps"]["1"]) == {"L1", "L2", "L3", "DRAM"}
+    l1, dram = res["plateau_spread"]["1"]["L1"], res["plateau_spread"]["1"]["DRAM"]
+    assert l1["points"] >= 1 and l1["runs"] == 2 * l1["points"]  # 2 repeats per point
+    assert l1["gbps_min"] <= l1["gbps"] <= l1["gbps_max"] and l1["span_s"] > 0
+    assert dram["points"] == 0 and dram["gbps"] is None and dram["gbps_min"] is None  # 64 KiB sweep
     assert res["cache_source"] == "/sys" and res["kernels"]
     assert main(["probe", "--kernels", "scale", "--out", str(out)]) == 2

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullFormatter
 
-from ..host_profile import HostProfile
+from ..host_profile import BandwidthPoint, HostProfile
 from ..probe import detect_plateaus
 from ..probe_bandwidth import format_bytes
 
@@ -22,9 +22,12 @@ _STYLES = {"read": "-", "copy": "--", "triad": ":"}
 
 def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read",),
                    threads: Sequence[int] | None = None, stat: str = "median",
-                   label_plateaus: bool = True, figsize: tuple[float, float] = (9.0, 5.0)) -> Figure:
+                   label_plateaus: bool = True, show_spread: bool = True,
+                   figsize: tuple[float, float] = (9.0, 5.0)) -> Figure:
     """GB/s against working set (log2 x axis), one curve per (kernel, thread count),
     cache sizes as vertical lines, plateaus as labelled horizontal segments.
+    ``show_spread``: a shaded band per curve from the slowest to the fastest timed run of
+    each point (points without recorded runs, e.g. a reference curve, get none).
     ``kernels=None``: every kernel the profile measured."""
     if stat not in ("median", "best"):
         raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
@@ -47,6 +50,8 @@ def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read"
             color = f"C{all_threads.index(t) % 10}"
             ax.plot(xs, ys, _STYLES.get(kernel, "-."), marker="o", ms=3, color=color,
                     label=f"{kernel}, {t} thread{'s' if t > 1 else ''}")
+            if show_spread:
+                _draw_spread(ax, curve, color)
             xs_all += xs
             drawn += 1
             if label_plateaus:
@@ -57,7 +62,8 @@ def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read"
     _mark_caches(ax, profile, min(xs_all), max(xs_all))
     _log2_bytes_axis(ax, min(xs_all), max(xs_all))
     ax.set_xlabel("working set (bytes, log2 scale)")
-    ax.set_ylabel(f"bandwidth, GB/s (1e9 bytes/s, {stat} of repeats)")
+    ax.set_ylabel(f"bandwidth, GB/s (1e9 bytes/s, {stat} of repeats"
+                  f"{'; band: slowest to fastest run' if show_spread else ''})")
     ax.set_ylim(bottom=0)
     cpu = profile.host.get("cpu_model") or profile.host.get("cpu") or ""
     ax.set_title(f"Bandwidth against working set: {cpu} ({profile.label})", fontsize=9)
@@ -65,6 +71,19 @@ def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read"
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def _draw_spread(ax, curve: Sequence[BandwidthPoint], color: str) -> None:
+    """Band from each point's slowest (gbps_min) to fastest (gbps_best) run; gaps where a
+    point has no gbps_min."""
+    pts = [p for p in curve if p.gbps_min is not None]
+    if not pts:
+        return
+    known = {p.working_set_bytes for p in pts}
+    xs = [p.working_set_bytes for p in curve]
+    ax.fill_between(xs, [p.gbps_min if p.gbps_min is not None else p.gbps_median for p in curve],
+                    [p.gbps_best for p in curve], where=[x in known for x in xs],
+                    color=color, alpha=0.18, lw=0)
 
 
 def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: str,
@@ -77,7 +96,10 @@ def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: s
         if hi <= lo:
             lo = hi = min(max(lo, x_lo), x_hi)
         ax.plot([lo, hi], [p.gbps, p.gbps], color=color, lw=3, alpha=0.35, solid_capstyle="butt")
-        ax.annotate(f"{p.name} {p.gbps:.0f}", (math.sqrt(lo * hi), p.gbps), textcoords="offset points",
+        text = f"{p.name} {p.gbps:.0f}"
+        if p.runs and p.gbps_min is not None and p.gbps_max is not None:
+            text += f" ({p.gbps_min:.0f}\u2013{p.gbps_max:.0f})"  # slowest to fastest run
+        ax.annotate(text, (math.sqrt(lo * hi), p.gbps), textcoords="offset points",
                     xytext=(0, 4), ha="center", fontsize=7, color=color)
 
 
