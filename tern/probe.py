@@ -28,7 +28,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ class ProbeConfig:
     kernel_timing: TimingConfig = field(default_factory=TimingConfig)
     quick: bool = False
     sys_root: str = "/sys"
+    op_costs: bool = True  # time the engine's operations (tern.probe_ops) for the roofline
 
     def __post_init__(self) -> None:
         for r, c in self.kernel_sizes:
@@ -169,6 +170,12 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     if config.kernel_names != ():
         kernels = kernel_bench.measure_kernels(config.kernel_names, config.kernel_sizes,
                                                sc.thread_counts, config.kernel_timing, progress)
+    op_costs = []
+    if config.op_costs:
+        from .probe_ops import measure_op_costs
+
+        op_costs = measure_op_costs(sc.thread_counts, quick=config.quick, progress=progress,
+                                    timing=config.kernel_timing if config.quick else None)
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1))
     try:
         layer = numba.threading_layer()
@@ -188,7 +195,7 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     })
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
-                          kernels=tuple(kernels))
+                          kernels=tuple(kernels), op_costs=tuple(op_costs))
     if out is not None:
         profile.save(out)
     return profile
@@ -358,6 +365,7 @@ def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -
         "kernels": [{"kernel": k.kernel, "threads": k.threads, "rows": k.rows, "cols": k.cols,
                      "gops_median": k.gops_median, "gbps_median": k.gbps_median}
                     for k in profile.kernels],
+        "op_costs": [asdict(c) for c in profile.op_costs],
         "wall_s": profile.host.get("probe_wall_s"),
     }
 
@@ -395,6 +403,8 @@ JSON_FIELDS = """\
   plateau_spread: {threads: {level: {gbps, gbps_min, gbps_max (slowest / fastest timed run),
                    runs, points, span_s (first to last run start; runs are interleaved)}}}
   kernels: [{kernel, threads, rows, cols, gops_median (multiply-add = 2 ops), gbps_median (weights)}]
+  op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
+             samples, max_rel_err}]: engine operation costs the roofline prices work with
   wall_s: probe wall time in seconds"""
 
 
@@ -414,6 +424,8 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"where to save the profile (default {DEFAULT_OUT})")
     p.add_argument("--threads", type=_thread_list, default=None,
                    help="comma-separated thread counts (default: 1 and all CPUs)")
+    p.add_argument("--no-op-costs", action="store_true",
+                   help="skip timing the engine's operations (the roofline then uses its plain model)")
     p.add_argument("--kernels", default=None,
                    help=f"bandwidth kernels, comma-separated from {','.join(KERNELS)} "
                         "(default: read for --quick, all for full)")
@@ -426,6 +438,8 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
         if bad:
             raise ValueError(f"unknown bandwidth kernel(s) {bad}; choose from {list(KERNELS)}")
     cfg = probe_config(quick=args.quick, thread_counts=args.threads, kernels=kernels)
+    if args.no_op_costs:
+        cfg = replace(cfg, op_costs=False)
     print(f"tern probe ({'quick' if args.quick else 'full'}): {cfg.sweep.n_points()} bandwidth points, "
           f"{format_bytes(cfg.sweep.min_ws_bytes)} .. {format_bytes(cfg.sweep.max_ws_bytes)}, "
           f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
@@ -438,7 +452,11 @@ def cli_render(result: dict[str, Any]) -> str:
     prof = HostProfile.load(result["profile_path"])
     parts = [f"{result['cpu_model']} ({result['mode']} probe, {result['wall_s']} s; "
              f"read kernel uses {result['read_kernel_simd']})",
-             format_cache_table(prof), format_plateau_table(prof), format_kernel_table(prof),
-             f"saved {result['profile_path']}"]
+             format_cache_table(prof), format_plateau_table(prof), format_kernel_table(prof)]
+    if prof.op_costs:
+        from .probe_ops import render_costs
+
+        parts.append("engine op costs (seconds = call + row x rows + unit x units)\n" + render_costs(prof.op_costs))
+    parts += [f"saved {result['profile_path']}"]
     return "\n\n".join(parts)
 

@@ -8,7 +8,8 @@ Per decoded token the engine reads two pools of bytes (see ``docs`` in ARCHITECT
 * **streamed** — the routed experts picked for this token (``top_k`` per MoE layer).
 
 Time per token = sum over pools of ``max(bytes / bandwidth(working set), ops / kernel
-throughput)`` + a fixed per-token overhead. Bandwidth is read off the host's measured
+throughput)`` + a fixed per-token overhead (the plain roofline), or of ``measured op costs
++ memory stalls`` when the host profile has engine op costs (the op-cost model, below). Bandwidth is read off the host's measured
 read-bandwidth-vs-working-set curve (:meth:`HostProfile.bandwidth_at`, through its
 non-increasing envelope, :func:`bandwidth_gbps`) for the thread count asked for (nearest
 measured count).
@@ -45,6 +46,21 @@ benchmarks; absent means the default):
 Either key suffixed ``_t<threads>`` (e.g. ``per_token_overhead_s_t2``) applies to that
 thread count only (tern.sweep.calibrate measures them).
 
+Op-cost model (used when the host profile carries measured engine op costs,
+``HostProfile.op_costs`` from tern.probe_ops, and the pools come from a ModelConfig):
+each pool's time is ``compute_s + stall_s``. ``compute_s`` prices the engine's work per
+token (tern.roofline_ops.work_inventory: every matvec with its shape, the SSM scan,
+attention over the cached window, norms and activation quantization, routing, the
+head) with the costs the probe timed on cache-resident data; ``stall_s`` is the extra time
+the pool's bytes take because they come from further out than those timings' data:
+``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``. Compute and memory
+stalls are added, not overlapped: on one core the engine does not hide DRAM latency
+behind its arithmetic (the bare ternary kernel streams a 256 MiB matrix at 59 % of the
+read bandwidth on this kit's 2-core VM, which the sum predicts within a few percent and
+``max`` misses by 40 %). Bytes skipped by the activation skip
+(tern.roofline_ops.HIDDEN_DENSITY) are not read. Without op costs (an old profile, the
+reference PC) the plain roofline below applies.
+
 Compute roof: ops per token over the best measured kernel of the format's family
 (``ternary_*`` for ternary formats, ``int8_*``, ``q4_*``, ``fp32_*`` for float formats and
 element-wise work) at no more than the requested threads. Ops of a family without a
@@ -64,8 +80,10 @@ from typing import Any
 from .config import ModelConfig, load_config, param_counts
 from .formats import FORMATS, get_format
 from .host_profile import BandwidthPoint, CacheLevel, HostProfile
+from .roofline_ops import work_inventory, work_seconds
 
 POLICIES = ("reuse", "whole")
+OP_COST_WORKING_SET = 256 * 1024  # bytes: the op costs were timed on data about this size (L2)
 CALIBRATION_KEYS = ("per_token_overhead_s", "bandwidth_efficiency")
 REFERENCE_PATH = Path(__file__).resolve().parent / "reference" / "ryzen_3600x.json"
 REFERENCE_LABEL = "reference: Ryzen 5 3600X (published figures, not measured here)"
@@ -96,16 +114,25 @@ class TwoPool:
     active_params: int = 0
     resident_ops: dict[str, float] = field(default_factory=dict)
     streamed_ops: dict[str, float] = field(default_factory=dict)
+    # engine work per token (tern.roofline_ops.work_inventory; empty: not counted) and the
+    # bytes per token the activation skip is expected to leave unread
+    resident_work: dict[str, list[float]] = field(default_factory=dict)
+    streamed_work: dict[str, list[float]] = field(default_factory=dict)
+    resident_skipped_bytes: float = 0.0
+    streamed_skipped_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for n in ("resident_bytes", "streamed_bytes", "expert_bytes_total", "state_bytes",
-                  "kv_bytes", "total_bytes", "total_params", "active_params"):
+                  "kv_bytes", "total_bytes", "total_params", "active_params", "resident_skipped_bytes",
+                  "streamed_skipped_bytes"):
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"TwoPool {self.name!r}: {n} must be a finite number >= 0, got {v!r}")
         if self.streamed_bytes > self.expert_bytes_total:
             raise ValueError(f"TwoPool {self.name!r}: streamed_bytes {self.streamed_bytes} exceeds "
                              f"expert_bytes_total {self.expert_bytes_total}")
+        if self.resident_skipped_bytes > self.resident_bytes or self.streamed_skipped_bytes > self.streamed_bytes:
+            raise ValueError(f"TwoPool {self.name!r}: skipped bytes exceed the pool's bytes")
         if self.resident_bytes + self.streamed_bytes <= 0:
             raise ValueError(f"TwoPool {self.name!r}: no bytes are read per token")
 
@@ -156,9 +183,11 @@ def two_pool(cfg: ModelConfig, context: int | None = None) -> TwoPool:
     add("fp32", 2.0 * (g.get("mixer_aux", 0) + g.get("norm", 0))
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
+    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context)
     return TwoPool(cfg.name, pc.resident.bytes, pc.streamed.bytes, pc.expert_bytes_total,
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
-                   pc.active.params, res_ops, st_ops)
+                   pc.active.params, res_ops, st_ops, res_work, st_work,
+                   min(skip_res, pc.resident.bytes), min(skip_st, pc.streamed.bytes))
 
 
 def two_pool_from_params(total_params: float, active_params: float, bits_per_weight: float,
@@ -286,8 +315,9 @@ class PoolPrediction:
     memory_s: float  # bytes / bandwidth
     ops_per_token: float
     compute_s: float  # ops / kernel throughput (0 when the profile has no kernel figures)
-    time_s: float  # max(memory_s, compute_s)
+    time_s: float  # roofline: max(memory_s, compute_s); op-cost model: compute_s + stall_s
     bound: str  # "L1" / "L2" / "L3" / "DRAM" / "compute" ("-" for an empty pool)
+    stall_s: float = 0.0  # op-cost model: memory time beyond what the op timings include
 
 
 @dataclass(frozen=True)
@@ -312,6 +342,7 @@ class Prediction:
     hot_bytes: int  # whole working set: resident + all experts + state + kv
     llc_bytes: int  # last-level cache usable at these threads
     bound: str  # the largest contributor: a pool's bound, or "overhead"
+    model: str = "roofline"  # "op-cost" when the host's measured engine op costs priced the work
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,24 +365,38 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     nbytes = {"resident": pools.resident_bytes + pools.state_bytes + pools.kv_bytes,
               "streamed": pools.streamed_bytes}
     ops = {"resident": pools.resident_ops, "streamed": pools.streamed_ops}
+    work = {"resident": pools.resident_work, "streamed": pools.streamed_work}
+    read = {"resident": nbytes["resident"] - pools.resident_skipped_bytes,
+            "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
+    op_model = bool(host.op_costs) and bool(pools.resident_work) and all(
+        work_seconds(w, host, threads) is not None for w in work.values())
+    ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
     out = {}
     for name in ("resident", "streamed"):
         bw = bandwidth_gbps(host, ws[name], threads) * eff
-        mem_s = nbytes[name] / (bw * 1e9)
-        comp_s = 0.0
-        for fmt, n in ops[name].items():
-            g = kernel_gops_for(host, fmt, threads)
-            if g:
-                comp_s += n / (g * 1e9)
+        stall_s = 0.0
+        if op_model:
+            mem_s = read[name] / (bw * 1e9)
+            comp_s = work_seconds(work[name], host, threads) or 0.0
+            stall_s = read[name] * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
+            time_s = comp_s + stall_s
+        else:
+            mem_s = nbytes[name] / (bw * 1e9)
+            comp_s = 0.0
+            for fmt, n in ops[name].items():
+                g = kernel_gops_for(host, fmt, threads)
+                if g:
+                    comp_s += n / (g * 1e9)
+            time_s = max(mem_s, comp_s)
         n_ops = float(sum(ops[name].values()))
         if nbytes[name] == 0:
             bound = "-"
-        elif comp_s > mem_s:
+        elif comp_s > (stall_s if op_model else mem_s):
             bound = "compute"
         else:
             bound = memory_roof(host, ws[name], threads)
         out[name] = PoolPrediction(name, int(nbytes[name]), int(ws[name]), bw, mem_s, n_ops, comp_s,
-                                   max(mem_s, comp_s), bound)
+                                   time_s, bound, stall_s)
     s = out["resident"].time_s + out["streamed"].time_s + overhead_s
     top = max(out.values(), key=lambda p: p.time_s)
     return Prediction(
@@ -359,7 +404,8 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
         out["streamed"], overhead_s, int(pools.state_bytes), int(pools.kv_bytes),
         int(pools.resident_bytes + pools.streamed_bytes), int(pools.total_bytes), int(pools.active_params),
         int(pools.total_params), int(hot),
-        llc_capacity_bytes(host, threads), "overhead" if overhead_s > top.time_s else top.bound)
+        llc_capacity_bytes(host, threads), "overhead" if overhead_s > top.time_s else top.bound,
+        "op-cost" if op_model else "roofline")
 
 
 def with_format(cfg: ModelConfig, fmt: str) -> ModelConfig:
@@ -592,14 +638,16 @@ def render_prediction(p: Prediction) -> str:
     lines = [f"{p.config} on {p.host_label}", f"  threads {p.threads} (bandwidth curve: {p.curve_threads}), "
              f"context {p.context}, policy {p.policy}, usable LLC {p.llc_bytes / MIB:.1f} MiB",
              f"  {'pool':<9} {'MB/token':>9} {'ws MB':>9} {'GB/s':>8} {'mem us':>9} {'Gops':>8} "
-             f"{'comp us':>9} {'time us':>9} {'bound':>8}"]
+             f"{'comp us':>9} {'stall us':>9} {'time us':>9} {'bound':>8}"]
     for q in (p.resident, p.streamed):
         lines.append(f"  {q.name:<9} {q.bytes_per_token / 1e6:>9.3f} {q.working_set_bytes / 1e6:>9.2f} "
                      f"{q.bandwidth_gbps:>8.1f} {q.memory_s * 1e6:>9.1f} {q.ops_per_token / 1e9:>8.3f} "
-                     f"{q.compute_s * 1e6:>9.1f} {q.time_s * 1e6:>9.1f} {q.bound:>8}")
+                     f"{q.compute_s * 1e6:>9.1f} {q.stall_s * 1e6:>9.1f} {q.time_s * 1e6:>9.1f} {q.bound:>8}")
     lines.append(f"  overhead {p.overhead_s * 1e6:.1f} us; state {p.state_bytes / 1e6:.3f} MB, "
                  f"kv {p.kv_bytes / 1e6:.3f} MB, total weights {p.total_bytes / 1e6:.1f} MB")
-    lines.append(f"  => {p.tok_per_s:.1f} tok/s ({p.s_per_token * 1e6:.1f} us/token), bound: {p.bound}")
+    how = ("op-cost model: time = measured op costs + memory stall" if p.model == "op-cost"
+           else "roofline: time = max(memory, compute)")
+    lines.append(f"  => {p.tok_per_s:.1f} tok/s ({p.s_per_token * 1e6:.1f} us/token), bound: {p.bound} ({how})")
     return "\n".join(lines)
 
 
@@ -608,7 +656,8 @@ JSON_FIELDS = """\
   predictions: [Prediction: config, host_label, threads, curve_threads, context, policy,
                 tok_per_s, s_per_token, overhead_s, state_bytes, kv_bytes, active_bytes,
                 total_bytes, active_params, total_params, hot_bytes, llc_bytes, bound,
-                resident / streamed: {bytes_per_token, working_set_bytes, bandwidth_gbps,
+                model ("op-cost" | "roofline"),
+                resident / streamed: {bytes_per_token, working_set_bytes, bandwidth_gbps, stall_s,
                 memory_s, ops_per_token, compute_s, time_s, bound}]"""
 
 

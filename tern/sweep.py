@@ -306,14 +306,42 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
         m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
         over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
         m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)
-        p = predict(dram_pt.config, bare, threads=t)
-        mem_s = p.resident.memory_s + p.streamed.memory_s
-        eff = mem_s / max(1.0 / m_dram["tok_per_s"] - over, 1e-12)
+        eff = solve_efficiency(dram_pt.config, bare, t, over, 1.0 / m_dram["tok_per_s"])
         cal[f"per_token_overhead_s_t{t}"] = over
-        cal[f"bandwidth_efficiency_t{t}"] = min(eff, 1.5)
+        cal[f"bandwidth_efficiency_t{t}"] = eff
         if t == 1:
-            cal["per_token_overhead_s"], cal["bandwidth_efficiency"] = over, min(eff, 1.5)
+            cal["per_token_overhead_s"], cal["bandwidth_efficiency"] = over, eff
     return replace(host, calibration={**host.calibration, **cal}), cal
+
+
+EFFICIENCY_RANGE = (0.05, 1.5)  # the calibration clamps the fitted bandwidth efficiency here
+
+
+def solve_efficiency(cfg: ModelConfig, host: HostProfile, threads: int, overhead_s: float,
+                     measured_s_per_token: float) -> float:
+    """The bandwidth efficiency at which the prediction of ``cfg`` (with ``overhead_s``)
+    takes ``measured_s_per_token``: bisection in log space (predicted time falls as the
+    efficiency rises), clamped to :data:`EFFICIENCY_RANGE`."""
+    from dataclasses import replace
+
+    from .roofline import predict
+
+    def s_per_token(eff: float) -> float:
+        cal = {f"per_token_overhead_s_t{threads}": overhead_s, f"bandwidth_efficiency_t{threads}": eff}
+        return predict(cfg, replace(host, calibration=cal), threads=threads).s_per_token
+
+    lo, hi = EFFICIENCY_RANGE
+    if s_per_token(hi) >= measured_s_per_token:
+        return hi
+    if s_per_token(lo) <= measured_s_per_token:
+        return lo
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if s_per_token(mid) > measured_s_per_token:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
 
 
 # ---- `tern bench sweep` -------------------------------------------------------------------

@@ -30,13 +30,13 @@ import numpy as np
 
 from ..config import tensor_specs
 from ..export import TERNARY_FORMATS, PackedModel, load_packed, to_float32
+from ..roofline_ops import PAR_MIN_WEIGHTS  # with threads > 1, only matrices this large are split
 from . import ops
 from .packing import expand_b3_to_ternary2, pack_ternary2
 
 KERNELS = ("ternary", "fp32")
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
-PAR_MIN_WEIGHTS = 1 << 20  # with threads > 1, only matrices this large are split over threads
 
 
 class _Aux:

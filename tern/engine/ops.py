@@ -362,16 +362,11 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
 
 
 @numba.njit(**JIT)
-def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out):
-    """Sliding-window attention step of layer l (cache index ai) at position t."""
-    D, W, NH = G[G_D], G[G_WIN], G[G_NH]
+def attend(q, kc, vc, t, NH, sc, y):
+    """y[:D] = softmax(q k / sqrt(hd)) v per head over the ring buffers kc, vc (W, D) at
+    position t (the last min(t + 1, W) slots, oldest first); q (D,), sc (>= W,) scratch."""
+    W, D = kc.shape
     hd = D // NH
-    xs = quant(G, xn, xq, xd, eps)
-    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz)
-    slot = t % W
-    for i in range(D):
-        kc[ai, slot, i] = uz[D + i]
-        vc[ai, slot, i] = uz[2 * D + i]
     n = min(t + 1, W)
     scale = np.float32(1.0 / np.sqrt(np.float32(hd)))
     for hh in range(NH):
@@ -380,7 +375,7 @@ def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out
             sj = (t - n + 1 + j) % W
             s = np.float32(0.0)
             for c in range(hd):
-                s += uz[o + c] * kc[ai, sj, o + c]
+                s += q[o + c] * kc[sj, o + c]
             sc[j] = s * scale
         softmax(sc[:n])
         for c in range(hd):
@@ -389,7 +384,20 @@ def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out
             sj = (t - n + 1 + j) % W
             p = sc[j]
             for c in range(hd):
-                y[o + c] += p * vc[ai, sj, o + c]
+                y[o + c] += p * vc[sj, o + c]
+
+
+@numba.njit(**JIT)
+def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out):
+    """Sliding-window attention step of layer l (cache index ai) at position t."""
+    D, W, NH = G[G_D], G[G_WIN], G[G_NH]
+    xs = quant(G, xn, xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz)
+    slot = t % W
+    for i in range(D):
+        kc[ai, slot, i] = uz[D + i]
+        vc[ai, slot, i] = uz[2 * D + i]
+    attend(uz[:D], kc[ai], vc[ai], t, NH, sc, y)
     xs = quant(G, y[:D], xq, xd, eps)
     bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, D, xq, xs, xd, out)
 

@@ -1,0 +1,109 @@
+"""The engine work inventory (tern.roofline_ops) and the roofline's op-cost model."""
+
+import dataclasses
+
+import pytest
+
+from tern.config import load_config, param_counts
+from tern.host_profile import OpCost
+from tern.roofline import predict, synthetic_profile, two_pool
+from tern.roofline_ops import HIDDEN_DENSITY, PAR_SUFFIX, work_inventory, work_seconds
+from tern.sweep import solve_efficiency
+
+
+def _units(work, op):
+    return sum(w[2] for k, w in work.items() if k.split("@")[0] == op)
+
+
+@pytest.mark.parametrize("preset", ["sandbox", "30m", "105m"])
+def test_inventory_counts_every_weight_once(preset):
+    # with a dense activation nothing is skipped: the matvec weights of the inventory are
+    # exactly the linear-layer parameters param_counts counts
+    cfg = load_config(preset).replace(activation="silu")
+    g = {k: v.params for k, v in param_counts(cfg).by_group.items()}
+    res, st, skip_r, skip_s = work_inventory(cfg)
+    assert skip_r == 0 and skip_s == 0
+    linear = g.get("mixer", 0) + g.get("mlp", 0) + g.get("shared", 0)
+    assert _units(res, "ternary_matvec") + _units(res, "ternary_skip") == linear
+    assert _units(st, "ternary_matvec") + _units(st, "ternary_skip") == param_counts(cfg).streamed.params
+    head = g["embed"] if cfg.tie_embeddings else g["head"]
+    assert _units(res, "int8_matvec") + _units(res, "fp32_matvec") == head + g.get("router", 0)
+    n_ssm = sum(cfg.mixer(i) == "ssm" for i in range(cfg.n_layers))
+    assert _units(res, "ssm_scan") == n_ssm * cfg.d_inner * cfg.d_state
+
+
+def test_activation_skip_reduces_down_projection():
+    cfg = load_config("sandbox")
+    assert cfg.activation == "drelu"
+    res, st, skip_r, skip_s = work_inventory(cfg)
+    rho = HIDDEN_DENSITY["drelu"]
+    down = cfg.top_k * cfg.expert_hidden * cfg.d_model * sum(map(cfg.is_moe, range(cfg.n_layers)))
+    assert _units(st, "ternary_skip") == pytest.approx(rho * down)
+    assert skip_s == pytest.approx((1 - rho) * down * 2 / 8)  # 2-bit weights left unread
+    pools = two_pool(cfg)
+    assert pools.streamed_skipped_bytes == pytest.approx(skip_s)
+
+
+def test_large_matrices_are_costed_parallel():
+    cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)
+    res, _, _, _ = work_inventory(cfg)
+    assert any(k.endswith(PAR_SUFFIX) for k in res)
+    small, _, _, _ = work_inventory(load_config("sandbox"))
+    assert not any(k.startswith("ternary_matvec" + PAR_SUFFIX) for k in small)
+
+
+def test_attention_work_follows_context():
+    cfg = load_config("sandbox")
+    assert cfg.attn_layers
+    a = _units(work_inventory(cfg, context=10)[0], "attention")
+    b = _units(work_inventory(cfg, context=100)[0], "attention")
+    assert b == pytest.approx(10 * a)
+
+
+def _costs(scale=1.0):
+    ops = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec", "ssm_scan", "attention", "vector")
+    return tuple(OpCost(op, 1, 1e-7 * scale, 2e-9 * scale, 1e-11 * scale, 3, 0.0) for op in ops)
+
+
+def test_op_cost_model_is_used_and_adds_stall():
+    host = synthetic_profile(32 << 20, 100.0, 20.0)
+    cfg = load_config("sandbox")
+    plain = predict(cfg, host)
+    assert plain.model == "roofline"
+    op_host = dataclasses.replace(host, op_costs=_costs())
+    p = predict(cfg, op_host)
+    assert p.model == "op-cost"
+    for q in (p.resident, p.streamed):
+        assert q.time_s == pytest.approx(q.compute_s + q.stall_s)
+    res, st, _, _ = work_inventory(cfg, cfg.attn_window)
+    assert p.resident.compute_s == pytest.approx(work_seconds(res, op_host))
+    # cache-resident on this host: the stall is zero (bandwidth equals the op timings')
+    assert p.resident.stall_s == 0
+    slower = predict(cfg, dataclasses.replace(host, op_costs=_costs(2.0)))
+    assert slower.tok_per_s < p.tok_per_s
+
+
+def test_op_cost_model_stalls_past_the_cache():
+    host = dataclasses.replace(synthetic_profile(8 << 20, 100.0, 10.0), op_costs=_costs())
+    base = load_config("sandbox")
+    small = predict(base, host)
+    big = predict(base.replace(n_experts=512), host)  # same active bytes, far more experts
+    assert big.streamed.stall_s > small.streamed.stall_s
+    assert big.tok_per_s < small.tok_per_s
+    assert big.streamed.stall_s > 0 and small.streamed.stall_s == 0
+
+
+def test_work_seconds_none_without_a_cost():
+    host = synthetic_profile(4 << 20, 100.0, 10.0)
+    res, _, _, _ = work_inventory(load_config("sandbox"))
+    assert work_seconds(res, host) is None
+
+
+def test_solve_efficiency_recovers_the_efficiency():
+    host = dataclasses.replace(synthetic_profile(4 << 20, 100.0, 10.0), op_costs=_costs())
+    cfg = load_config("sandbox").replace(n_experts=512)
+    cal = {"per_token_overhead_s_t1": 5e-6, "bandwidth_efficiency_t1": 0.6}
+    target = predict(cfg, dataclasses.replace(host, calibration=cal)).s_per_token
+    assert solve_efficiency(cfg, host, 1, 5e-6, target) == pytest.approx(0.6, rel=1e-6)
+    assert solve_efficiency(cfg, host, 1, 5e-6, target * 1e3) == pytest.approx(0.05)
+    assert solve_efficiency(cfg, host, 1, 5e-6, target / 1e3) == pytest.approx(1.5)
