@@ -413,6 +413,25 @@ def shipped_gates() -> list[Path]:
     return files
 
 
+def shipped_registry() -> Path:
+    """``gates/registry.jsonl`` of the checkout: the records of the shipped gates as run on
+    the machine named in each record (a copy of a finished run's registry, committed)."""
+    from .notebook import repo_root
+
+    root = repo_root()
+    return (root / "gates" if root else Path.cwd() / "gates") / "registry.jsonl"
+
+
+def registry_to_show(results_registry: str | Path, ran_here: bool) -> Path:
+    """The registry a notebook shows: the results folder's when gates ran here or it
+    holds records, else the shipped one (when present)."""
+    own = Path(results_registry)
+    if ran_here or (own.exists() and own.stat().st_size > 0):
+        return own
+    shipped = shipped_registry()
+    return shipped if shipped.exists() else own
+
+
 def gate_headlines(registry: str | Path) -> dict[str, Any]:
     """Headline figures of every gate's latest verdict: the verdict, and per comparison
     the mean Δ and its standard error (keys carry the metric, e.g. ``_delta_val_bpb``)."""

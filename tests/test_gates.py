@@ -524,3 +524,18 @@ def test_two_step_smoke_gate_with_real_training(tmp_path):
     # rerun: everything is reused, nothing trains
     again = run_gate(gate, reg, runner=runner, progress=False)
     assert again["runs_trained"] == 0 and again["comparisons"] == v["comparisons"]
+
+
+def test_registry_to_show_prefers_own_records(tmp_path, monkeypatch):
+    from tern import gates as gmod
+
+    shipped = tmp_path / "shipped.jsonl"
+    monkeypatch.setattr(gmod, "shipped_registry", lambda: shipped)
+    own = tmp_path / "results" / "registry.jsonl"
+    assert gmod.registry_to_show(own, ran_here=True) == own  # gates ran here: always own
+    assert gmod.registry_to_show(own, ran_here=False) == own  # nothing shipped: own (empty)
+    shipped.write_text('{"kind": "run"}\n')
+    assert gmod.registry_to_show(own, ran_here=False) == shipped
+    own.parent.mkdir(parents=True)
+    own.write_text('{"kind": "run"}\n')
+    assert gmod.registry_to_show(own, ran_here=False) == own
