@@ -206,6 +206,7 @@ class Engine:
         G[ops.G_ACT_SKIP], G[ops.G_MOE_SKIP] = int(self.act_skip), int(self.moe_skip)
         G[ops.G_PAR] = int(self.threads > 1)
         G[ops.G_PAR_MIN] = self.par_min_weights
+        G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
         G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
         G[ops.G_EMBED_INT8] = int(emb_int8)
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"

@@ -46,7 +46,8 @@ G_HMAX, G_EMAX, G_ACT = 9, 10, 11
 G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
 G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
 G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
-N_GLOBALS = 24
+G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), largest top_k
+N_GLOBALS = 26
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
@@ -94,7 +95,13 @@ def work_sizes(G: np.ndarray) -> tuple[int, int]:
     H, E, W = int(G[G_HMAX]), int(G[G_EMAX]), int(G[G_WIN])
     big = max(2 * Di, 3 * D)
     wide = max(D, Di, H)
-    return 4 * D + big + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H, wide + H
+    nf = 4 * D + big + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H
+    ni = wide + H
+    P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
+    if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq
+        nf += K * D + 3 * P * H
+        ni += P * H
+    return nf, ni
 
 
 @numba.njit(cache=True)
@@ -137,6 +144,25 @@ def carve(work, G):
     o += wide
     hd = work[o:o + H]
     return x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd
+
+
+@numba.njit(cache=True)
+def carve_experts(work, iwork, G):
+    """Expert-parallel scratch after carve's and icarve's: eo_all (K, D) one output per
+    chosen expert, and per thread slot g, u, hd (P, H) float32 and hq (P, H) int8."""
+    D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
+    H, E, W, P, K = G[G_HMAX], G[G_EMAX], G[G_WIN], G[G_THREADS], G[G_TOPK_MAX]
+    wide = max(D, max(Di, H))
+    o = 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H
+    eo_all = work[o:o + K * D].reshape(K, D)
+    o += K * D
+    gs = work[o:o + P * H].reshape(P, H)
+    o += P * H
+    us = work[o:o + P * H].reshape(P, H)
+    o += P * H
+    hds = work[o:o + P * H].reshape(P, H)
+    hqs = iwork[wide + H:wide + H + P * H].reshape(P, H)
+    return eo_all, gs, us, hds, hqs
 
 
 @numba.njit(cache=True)
@@ -476,6 +502,31 @@ def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
         weights[j] = pr[chosen[j]] / psum
 
 
+@numba.njit(cache=True, parallel=True)
+def routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs):
+    """eo_all[j] (D,) = expert chosen[j]'s output for j < k, the experts split over the
+    thread slots (slot c takes j = c, c + P, ...), each expert on one thread with the
+    single-thread kernels (``Gs``: G with G_PAR = 0), so every output is bit-identical to
+    the sequential path's."""
+    D = Gs[G_D]
+    P = gs.shape[0]
+    mb, db = 2 * mat_bytes(Gs, H, D), 2 * down_bytes(Gs, D, H)
+    for c in numba.prange(P):
+        for j in range(c, k, P):
+            e = chosen[j]
+            gated_mlp(buf, aux, Gs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                      T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[c], us[c], hqs[c], hds[c], eps, eo_all[j])
+
+
+@numba.njit(cache=True, inline="always")
+def experts_parallel(G, k, H):
+    """Split the routed experts over threads (one parallel region per layer instead of one
+    per matrix)? With threads > 1, the MoE skip, >= 2 chosen experts and at least
+    G_PAR_MIN weights of chosen experts in all."""
+    return G[G_PAR] != 0 and G[G_MOE_SKIP] != 0 and k >= 2 and 3 * k * H * G[G_D] >= G[G_PAR_MIN]
+
+
 @numba.njit(cache=True)
 def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
     """x += FFN_l(RMSNorm(x; norm2)): the shared experts (or the dense MLP, stored as one
@@ -505,6 +556,18 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
         route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
         for j in range(k):
             counts[mi, chosen[j]] += 1
+        if experts_parallel(G, k, H):
+            eo_all, gs, us, hds, hqs = carve_experts(work, iwork, G)
+            Gs = G.copy()
+            Gs[G_PAR] = 0
+            routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs)
+            for j in range(k):  # same order and arithmetic as the sequential loop below
+                w = wk[j]
+                for i in range(D):
+                    acc[i] += w * eo_all[j, i]
+            for i in range(D):
+                x[i] += acc[i]
+            return
         mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
         j = 0
         for e in range(E):
