@@ -31,14 +31,16 @@ from .host_profile import HostProfile
 from .records import append_jsonl, read_jsonl, run_metadata
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
-MEASURE_VERSION = 1
+MEASURE_VERSION = 2  # 2: expert-parallel engine (threads > 1); rows of older engines are not reused
 
 JSON_FIELDS = """\
   records: path of the JSONL file; host: host profile label
   points: [{key, family, budget, name, threads, total_params, active_params, total_bytes,
             active_bytes, file_bytes, tok_per_s (median), tok_per_s_min, tok_per_s_max,
             repeats, tokens, peak_rss_bytes, predicted_tok_per_s, ratio (measured/predicted),
-            predicted_bound, reused (bool: read back from the records)}]
+            predicted_bound, predicted_model (op-cost | roofline), predicted_compute_s,
+            predicted_stall_s, predicted_overhead_s (seconds per token), reused (bool: read
+            back from the records)}]
   accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
 
 
@@ -181,7 +183,10 @@ def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, An
 
     p = predict(cfg, host, threads=threads)
     return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
-            "hot_bytes": p.hot_bytes}
+            "hot_bytes": p.hot_bytes, "predicted_model": p.model,
+            "predicted_compute_s": p.resident.compute_s + p.streamed.compute_s,
+            "predicted_stall_s": p.resident.stall_s + p.streamed.stall_s,
+            "predicted_overhead_s": p.overhead_s}
 
 
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
