@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every figure the issue notes quote, one step after another on a quiet machine.
 # Writes logs to results/measure/ and rows to results/bench/*.jsonl. Usage:
-#   benchmarks/measure_all.sh [step ...]     steps: probe c kernels ladder sweep predict 10b
+#   benchmarks/measure_all.sh [step ...]     steps: probe c kernels dram ladder sweep predict 10b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 TERN=${TERN:-.venv/bin/tern}
 LOG=results/measure
 mkdir -p "$LOG"
-steps=${*:-probe c kernels ladder sweep predict 10b}
+steps=${*:-probe c kernels dram ladder sweep predict 10b}
 run() { local name=$1; shift; echo "== $name: $*" >&2; local t0=$SECONDS
   "$@" > "$LOG/$name.out" 2> "$LOG/$name.err"; local rc=$?
   echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$LOG/times.txt" >&2; }
@@ -17,6 +17,7 @@ for s in $steps; do case $s in
            run probe $TERN probe --json ;;
   c)       run c_read $PY benchmarks/compare_c_read.py ;;
   kernels) run kernels $PY benchmarks/ternary_matvec.py ;;
+  dram)    run dram_model $PY benchmarks/dram_model.py ;;
   predict) run predict $TERN predict --config sandbox 30m 105m 206m 10b --threads 1 2 --json
            run predict_cal $TERN predict --host results/host_profile_calibrated.json \
              --config sandbox 30m 105m 206m 10b --threads 1 2 --json
