@@ -102,16 +102,43 @@ def work_inventory(cfg: ModelConfig, context: int | None = None) -> tuple[Work, 
     return res, st, skip_res, skip_st
 
 
-def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
-    """Seconds of ``work`` on ``host`` (a HostProfile with op_costs) at ``threads``; None
-    when the profile lacks a cost for any op in it."""
+def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] | None:
+    """Seconds per op (parallel matvecs folded into their op) of ``work`` on ``host`` (a
+    HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any
+    op in it."""
     from .probe_ops import op_cost_for
 
-    total = 0.0
+    out: dict[str, float] = {}
     for key, (calls, rows, units) in work.items():
         op, par = (key[:-len(PAR_SUFFIX)], True) if key.endswith(PAR_SUFFIX) else (key, False)
         cost = op_cost_for(host.op_costs, op, threads if par else 1)
         if cost is None:
             return None
-        total += cost.seconds(calls, rows, units)
-    return total
+        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units)
+    return out
+
+
+def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
+    """Total seconds of :func:`work_breakdown` (None when a cost is missing)."""
+    b = work_breakdown(work, host, threads)
+    return None if b is None else sum(b.values())
+
+
+def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int | None = None) -> dict[str, float]:
+    """Predicted seconds per token by component: each op's compute (both pools), the
+    memory stall of each pool, and the per-token overhead (tern.roofline.predict's split;
+    the values sum to its s_per_token). Needs a profile with op costs."""
+    from .roofline import predict
+
+    if not host.op_costs:
+        raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
+    p = predict(cfg, host, threads, context)
+    res, st, _, _ = work_inventory(cfg, p.context)
+    out: dict[str, float] = {}
+    for w in (res, st):
+        for op, sec in (work_breakdown(w, host, threads) or {}).items():
+            out[op] = out.get(op, 0.0) + sec
+    out["stall (resident)"] = p.resident.stall_s
+    out["stall (streamed)"] = p.streamed.stall_s
+    out["overhead"] = p.overhead_s
+    return out

@@ -107,3 +107,26 @@ def test_solve_efficiency_recovers_the_efficiency():
     assert solve_efficiency(cfg, host, 1, 5e-6, target) == pytest.approx(0.6, rel=1e-6)
     assert solve_efficiency(cfg, host, 1, 5e-6, target * 1e3) == pytest.approx(0.05)
     assert solve_efficiency(cfg, host, 1, 5e-6, target / 1e3) == pytest.approx(1.5)
+
+
+def test_time_breakdown_sums_to_the_prediction():
+    from tern.roofline_ops import time_breakdown
+
+    host = dataclasses.replace(synthetic_profile(8 << 20, 100.0, 10.0), op_costs=_costs(),
+                               calibration={"per_token_overhead_s": 3e-6})
+    cfg = load_config("sandbox").replace(n_experts=512)
+    b = time_breakdown(cfg, host)
+    assert sum(b.values()) == pytest.approx(predict(cfg, host).s_per_token)
+    assert b["overhead"] == pytest.approx(3e-6) and b["stall (streamed)"] > 0 and b["ssm_scan"] > 0
+    with pytest.raises(ValueError, match="op costs"):
+        time_breakdown(cfg, synthetic_profile(8 << 20, 100.0, 10.0))
+
+
+def test_plot_time_breakdown_renders():
+    import matplotlib.pyplot as plt
+
+    from tern.plots.roofline import plot_time_breakdown
+
+    fig = plot_time_breakdown({"a": {"ssm_scan": 1e-5, "overhead": 2e-6}, "b": {"ssm_scan": 2e-5}})
+    assert len(fig.axes[0].patches) == 4
+    plt.close(fig)

@@ -123,3 +123,28 @@ def plot_presets(rows: list[dict]):
     ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_time_breakdown(breakdowns: dict[str, dict[str, float]]):
+    """Stacked horizontal bars of predicted microseconds per token by component, one bar
+    per label, from :func:`tern.roofline_ops.time_breakdown` dicts (op compute, memory
+    stalls, overhead)."""
+    labels = list(breakdowns)
+    parts = list(dict.fromkeys(k for b in breakdowns.values() for k in b))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.8))
+    left = np.zeros(len(labels))
+    cmap = plt.get_cmap("tab20")
+    for i, part in enumerate(parts):
+        us = np.array([breakdowns[lb].get(part, 0.0) * 1e6 for lb in labels])
+        ax.barh(np.arange(len(labels)), us, left=left, color=cmap(i % 20), label=part)
+        left += us
+    for y, tot in enumerate(left):
+        ax.text(tot, y, f" {tot:.0f} us = {1e6 / tot:,.0f} tok/s" if tot > 0 else "", va="center", fontsize=8)
+    ax.set_yticks(np.arange(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("predicted time per token (microseconds)")
+    ax.set_xlim(0, left.max() * 1.35 if left.max() > 0 else 1)
+    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    ax.set_title("where a decoded token's time goes (op-cost model)", fontsize=10)
+    fig.tight_layout()
+    return fig
