@@ -10,8 +10,9 @@ several sizes, and a linear cost model is fitted (non-negative least squares, se
 op                 timed function                                        cost model
 =================  ====================================================  ================
 ternary_matvec     kernels_ternary.ternary_matvec(_par)                  call + row x rows + unit x weights
-ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x rows + unit x weights
-                   nonzero (rows = inputs H; skipped inputs cost nothing)
+ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
+                   nonzero (skipped inputs cost nothing; the per-output
+                   cost is the accumulator set-up and scaling)
 int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
 fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
 ssm_scan           ops.selective_scan_step                               call + row x d_inner + unit x d_inner*d_state
@@ -161,7 +162,7 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
         hq = rng.integers(1, 128, h).astype(np.int8)  # every input nonzero: nothing skipped
         S, out = np.ones(dd, f32), np.zeros(dd, f32)
-        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True)), h, float(h * dd)
+        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True)), dd, float(h * dd)
     if op == "int8_matvec":
         r, c = shape
         W = rng.integers(-127, 128, (r, c)).astype(np.int8)

@@ -58,7 +58,7 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float) ->
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     if get_format(fmt).ternary:
         op = "ternary_skip" + (PAR_SUFFIX if hidden * D >= PAR_MIN_WEIGHTS else "")
-        _add(work, op, n, n * rho * hidden, n * rho * hidden * D)
+        _add(work, op, n, n * D, n * rho * hidden * D)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * get_format(fmt).bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n)
     return 0.0
