@@ -234,6 +234,29 @@ def popcount64(typingctx, x):
     return types.uint64(types.uint64), codegen
 
 
+@intrinsic
+def prefetch_line(typingctx, arr, row, byte_off):
+    """Hint the CPU to fetch the cache line holding byte ``byte_off`` of row ``row`` of a
+    2-D C-contiguous uint8 array (``llvm.prefetch``, read, keep in all levels). A hint
+    only: it never faults, so an address past the array is harmless."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint8
+            and arr.layout == "C"):
+        return None
+    sig = types.none(arr, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        r = context.cast(builder, args[1], signature.args[1], types.int64)
+        off = context.cast(builder, args[2], signature.args[2], types.int64)
+        stride0 = cgutils.unpack_tuple(builder, a.strides)[0]
+        ptr = builder.gep(builder.bitcast(a.data, ir.PointerType(_I8)), [builder.add(builder.mul(r, stride0), off)])
+        fn = _fn(builder.module, "llvm.prefetch.p0", ir.VoidType(), [ir.PointerType(_I8), _I32, _I32, _I32])
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # ---- activation-skip accumulate (transposed orientation) ------------------------------------
 
 SKIP_CHUNK_BYTES = 32 if ROW_DOT_ISA == "avx2" else 64  # packed bytes one skip_chunk call covers
