@@ -94,8 +94,9 @@ class MoE(nn.Module):
         self.shared_stats = ZeroStats()
         self.load = ExpertLoad(cfg.n_experts)
         self.aux: dict[str, torch.Tensor] = {}
-        # "auto": batched over experts unless padding would add > 50 % rows; "loop": one
-        # matmul pair per expert; "padded": always batched (all give identical results)
+        # "auto": on CUDA batched over experts unless padding would add > 50 % rows, on CPU
+        # the loop (fewer FLOPs; the sandbox trains ~15 % faster than batched here);
+        # "loop": one matmul pair per expert; "padded": always batched (identical results)
         self.dispatch = "auto"
 
     def _experts_loop(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
@@ -155,7 +156,10 @@ class MoE(nn.Module):
         counts = torch.bincount(flat, minlength=E).tolist()
         xs = (xin[0].index_select(0, tok),  # (n*k, D) sorted by expert
               xin[1].index_select(0, tok) if xin[1] is not None else None)
-        padded = max(counts) * E <= 1.5 * n * k if self.dispatch == "auto" else self.dispatch == "padded"
+        if self.dispatch == "auto":  # CPU: the loop (measured faster at every balance); GPU: batched
+            padded = x2.is_cuda and max(counts) * E <= 1.5 * n * k  # unless padding adds > 50 % rows
+        else:
+            padded = self.dispatch == "padded"
         if padded:
             y_sorted = self._experts_padded(xs, counts, tr, et)
         else:
