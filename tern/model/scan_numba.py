@@ -155,7 +155,7 @@ class NumbaScan(torch.autograd.Function):
         ng = -(-di // _BWD_GROUP)
         gu = torch.empty_like(u)
         gdt = torch.empty_like(dt)
-        gA = torch.zeros(nb, di, nc, 16)
+        gA = torch.empty(nb, di, nc, 16)  # every element written by the kernel
         gB = torch.zeros(ng, nb, nt, nc, 16)
         gC = torch.zeros(ng, nb, nt, nc, 16)
         _scan_bwd(*(_np(t) for t in (u, dt, A, Bm, Cm, h0, gy)), _BWD_GROUP,
