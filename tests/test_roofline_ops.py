@@ -106,7 +106,7 @@ def test_solve_efficiency_recovers_the_efficiency():
     target = predict(cfg, dataclasses.replace(host, calibration=cal)).s_per_token
     assert solve_efficiency(cfg, host, 1, 5e-6, target) == pytest.approx(0.6, rel=1e-6)
     assert solve_efficiency(cfg, host, 1, 5e-6, target * 1e3) == pytest.approx(0.05)
-    assert solve_efficiency(cfg, host, 1, 5e-6, target / 1e3) == pytest.approx(1.5)
+    assert solve_efficiency(cfg, host, 1, 5e-6, target / 1e3) == pytest.approx(1.0)
 
 
 def test_time_breakdown_sums_to_the_prediction():
