@@ -209,3 +209,14 @@ def test_train_headline():
          "expert_load": [{"max_over_mean": 1.2, "dead_experts": 0}, {"max_over_mean": 1.5, "dead_experts": 1}]}
     h = train_headline(r)
     assert h["mean_zero_frac"] == 0.6 and h["max_expert_load_over_mean"] == 1.5 and h["dead_experts"] == 1
+
+
+def test_launch_torchrun_two_cpu_processes(tmp_path):
+    # the command-line route notebook 04 takes on several GPUs (torchrun -> python -m
+    # tern.train -> DDP), here with 2 CPU processes on gloo and the shipped corpus
+    from tern.train import launch_torchrun
+
+    r = launch_torchrun(CFG.replace(vocab_size=1024), tc(steps=2, batch_size=4, final_eval_tokens=512, threads=1),
+                        tmp_path, nproc=2, timeout_s=600)
+    assert r["world_size"] == 2 and r["steps"] == 2 and r["train_tokens"] == 2 * 4 * 32
+    assert np.isfinite(r["val_bpb"]) and r["val_bpb"] > 0
