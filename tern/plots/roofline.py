@@ -126,25 +126,29 @@ def plot_presets(rows: list[dict]):
 
 
 def plot_time_breakdown(breakdowns: dict[str, dict[str, float]]):
-    """Stacked horizontal bars of predicted microseconds per token by component, one bar
-    per label, from :func:`tern.roofline_ops.time_breakdown` dicts (op compute, memory
-    stalls, overhead)."""
+    """Stacked horizontal bars, one per label, of the share of a token's predicted time
+    each component takes (op compute, memory stalls, overhead; from
+    :func:`tern.roofline_ops.time_breakdown` dicts), the total time and tok/s at the end
+    of each bar (shares, so models 100x apart in speed stay readable side by side)."""
     labels = list(breakdowns)
     parts = list(dict.fromkeys(k for b in breakdowns.values() for k in b))
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.8))
+    totals = np.array([sum(breakdowns[lb].values()) for lb in labels])  # seconds per token
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 2.2))
     left = np.zeros(len(labels))
     cmap = plt.get_cmap("tab20")
     for i, part in enumerate(parts):
-        us = np.array([breakdowns[lb].get(part, 0.0) * 1e6 for lb in labels])
-        ax.barh(np.arange(len(labels)), us, left=left, color=cmap(i % 20), label=part)
-        left += us
-    for y, tot in enumerate(left):
-        ax.text(tot, y, f" {tot:.0f} us = {1e6 / tot:,.0f} tok/s" if tot > 0 else "", va="center", fontsize=8)
+        sec = np.array([breakdowns[lb].get(part, 0.0) for lb in labels])
+        pct = np.divide(100 * sec, totals, out=np.zeros_like(sec), where=totals > 0)
+        ax.barh(np.arange(len(labels)), pct, left=left, color=cmap(i % 20), label=part)
+        left += pct
+    for y, tot in enumerate(totals):
+        if tot > 0:
+            ax.text(101, y, f"{tot * 1e6:,.0f} us = {1 / tot:,.0f} tok/s", va="center", fontsize=8)
     ax.set_yticks(np.arange(len(labels)), labels)
     ax.invert_yaxis()
-    ax.set_xlabel("predicted time per token (microseconds)")
-    ax.set_xlim(0, left.max() * 1.35 if left.max() > 0 else 1)
-    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    ax.set_xlabel("share of the predicted time per token (%)")
+    ax.set_xlim(0, 130)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.45, -0.18))
     ax.set_title("where a decoded token's time goes (op-cost model)", fontsize=10)
     fig.tight_layout()
     return fig
