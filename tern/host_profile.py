@@ -94,6 +94,16 @@ class OpCost:
         return self.call_s * calls + self.row_s * rows + self.unit_s * units
 
 
+def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:
+    """The fitted cost of ``op`` at the thread count nearest ``threads`` (at most
+    ``threads`` when such exists); None when ``costs`` has none."""
+    rows = [c for c in costs if c.op == op]
+    if not rows:
+        return None
+    below = [c for c in rows if c.threads <= threads]
+    return max(below, key=lambda c: c.threads) if below else min(rows, key=lambda c: c.threads)
+
+
 @dataclass(frozen=True)
 class HostProfile:
     label: str  # "measured on <host>" or "reference: ... (published figures, not measured)"

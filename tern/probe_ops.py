@@ -39,6 +39,7 @@ import numpy as np
 from .host_profile import OpCost
 from .probe_bandwidth import numba_threads
 from .probe_timing import TimingConfig, timed_runs
+from .records import summarize
 
 MATVEC_OPS = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec")
 OPS = MATVEC_OPS + ("ssm_scan", "attention", "vector")
@@ -139,7 +140,6 @@ def drivers() -> dict[str, Callable]:
 class OpSample:
     op: str
     threads: int
-    calls: int  # always 1: one call per count
     rows: int  # per-row units (rows of a matrix, d_inner of a scan; 0 where none)
     units: float  # the per-unit count (weights, d_inner x d_state, n x d_model, length)
     seconds: float  # median seconds per call
@@ -220,8 +220,8 @@ def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingCon
     with numba_threads(threads):
         run, rows, units = _setup(op, shape, threads, rng)
         t = timed_runs(run, timing, fixed_cost_check=threads > 1)
-    per_call = sorted(s / c for c, s in zip(t.counts, t.seconds, strict=True))
-    return OpSample(op, threads, 1, rows, units, per_call[len(per_call) // 2])
+    per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
+    return OpSample(op, threads, rows, units, per_call["median"])
 
 
 # ---- fitting -------------------------------------------------------------------------------
@@ -275,16 +275,6 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
                              file=sys.stderr, mininterval=0.5):
         by_key.setdefault((op, t), []).append(time_op(op, shape, t, timing))
     return [fit_cost(v) for v in by_key.values()]
-
-
-def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:
-    """The fitted cost of ``op`` at the thread count nearest ``threads`` (at most
-    ``threads`` when such exists); None when the profile has none."""
-    rows = [c for c in costs if c.op == op]
-    if not rows:
-        return None
-    below = [c for c in rows if c.threads <= threads]
-    return max(below, key=lambda c: c.threads) if below else min(rows, key=lambda c: c.threads)
 
 
 def render_costs(costs: list[OpCost]) -> str:

@@ -368,8 +368,8 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     work = {"resident": pools.resident_work, "streamed": pools.streamed_work}
     read = {"resident": nbytes["resident"] - pools.resident_skipped_bytes,
             "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
-    op_model = bool(host.op_costs) and bool(pools.resident_work) and all(
-        work_seconds(w, host, threads) is not None for w in work.values())
+    work_s = {name: work_seconds(w, host, threads) for name, w in work.items()} if host.op_costs else {}
+    op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
     ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
     out = {}
     for name in ("resident", "streamed"):
@@ -377,7 +377,7 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
         stall_s = 0.0
         if op_model:
             mem_s = read[name] / (bw * 1e9)
-            comp_s = work_seconds(work[name], host, threads) or 0.0
+            comp_s = work_s[name]
             stall_s = read[name] * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
             time_s = comp_s + stall_s
         else:

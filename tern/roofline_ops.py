@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import ModelConfig
 from .formats import get_format
+from .host_profile import op_cost_for
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
@@ -42,11 +43,13 @@ def _matvec_op(fmt: str) -> str:
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
 
 
+def _key(op: str, weights: int) -> str:
+    """The work key of a matrix op: costed at the thread count when the engine splits it."""
+    return op + PAR_SUFFIX if weights >= PAR_MIN_WEIGHTS else op
+
+
 def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0) -> None:
-    op = _matvec_op(fmt)
-    if rows * cols >= PAR_MIN_WEIGHTS:
-        op += PAR_SUFFIX
-    _add(work, op, n, n * rows, n * rows * cols)
+    _add(work, _key(_matvec_op(fmt), rows * cols), n, n * rows, n * rows * cols)
 
 
 def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float) -> float:
@@ -56,10 +59,10 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float) ->
     _matvec(work, fmt, hidden, D, 2 * n)  # gate and up
     _add(work, "vector", n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
-    if get_format(fmt).ternary:
-        op = "ternary_skip" + (PAR_SUFFIX if hidden * D >= PAR_MIN_WEIGHTS else "")
-        _add(work, op, n, n * D, n * rho * hidden * D)  # rows: the D outputs
-        return (1.0 - rho) * n * hidden * D * get_format(fmt).bits_per_weight / 8
+    f = get_format(fmt)
+    if f.ternary:
+        _add(work, _key("ternary_skip", hidden * D), n, n * D, n * rho * hidden * D)  # rows: the D outputs
+        return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n)
     return 0.0
 
@@ -106,8 +109,6 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
     """Seconds per op (parallel matvecs folded into their op) of ``work`` on ``host`` (a
     HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any
     op in it."""
-    from .probe_ops import op_cost_for
-
     out: dict[str, float] = {}
     for key, (calls, rows, units) in work.items():
         op, par = (key[:-len(PAR_SUFFIX)], True) if key.endswith(PAR_SUFFIX) else (key, False)

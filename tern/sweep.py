@@ -339,11 +339,13 @@ def solve_efficiency(cfg: ModelConfig, host: HostProfile, threads: int, overhead
     efficiency rises), clamped to :data:`EFFICIENCY_RANGE`."""
     from dataclasses import replace
 
-    from .roofline import predict
+    from .roofline import predict_pools, two_pool
+
+    pools = two_pool(cfg, cfg.attn_window)  # what predict(cfg, ...) prices, built once
 
     def s_per_token(eff: float) -> float:
         cal = {f"per_token_overhead_s_t{threads}": overhead_s, f"bandwidth_efficiency_t{threads}": eff}
-        return predict(cfg, replace(host, calibration=cal), threads=threads).s_per_token
+        return predict_pools(pools, replace(host, calibration=cal), threads, context=cfg.attn_window).s_per_token
 
     lo, hi = EFFICIENCY_RANGE
     if s_per_token(hi) >= measured_s_per_token:

@@ -518,10 +518,6 @@ def _main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
-
-
 def train_headline(result: dict[str, Any]) -> dict[str, Any]:
     """The figures notebooks 03 / 04 report (units in the keys) from a run_training result."""
     sp = [s["zero_frac"] for s in result.get("sparsity", []) if s.get("zero_frac") is not None]
@@ -532,3 +528,8 @@ def train_headline(result: dict[str, Any]) -> dict[str, Any]:
             "mean_zero_frac": sum(sp) / len(sp) if sp else None,
             "max_expert_load_over_mean": max(load) if load else None,
             "dead_experts": sum(e.get("dead_experts", 0) for e in result.get("expert_load", []))}
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
+

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from tern import probe_ops as po
-from tern.host_profile import HostProfile, OpCost
+from tern.host_profile import HostProfile, OpCost, op_cost_for
 from tern.probe_timing import TimingConfig
 
 FAST = TimingConfig(min_time_s=0.002, repeats=1, warmup_s=0.0)
 
 
 def _samples(op, call, row, unit, shapes, threads=1):
-    return [po.OpSample(op, threads, 1, r, u, call + row * r + unit * u) for r, u in shapes]
+    return [po.OpSample(op, threads, r, u, call + row * r + unit * u) for r, u in shapes]
 
 
 def test_fit_recovers_known_costs():
@@ -30,7 +30,7 @@ def test_fit_without_rows_and_non_negative():
     c = po.fit_cost(_samples("vector", 5e-8, 0.0, 2e-9, [(0, 128), (0, 512), (0, 2048)]))
     assert c.row_s == 0.0 and c.unit_s == pytest.approx(2e-9) and c.call_s == pytest.approx(5e-8)
     # data that a negative call cost would fit best: the fit clamps it at zero
-    c = po.fit_cost([po.OpSample("vector", 1, 1, 0, 100.0, 1e-7), po.OpSample("vector", 1, 1, 0, 200.0, 3e-7)])
+    c = po.fit_cost([po.OpSample("vector", 1, 0, 100.0, 1e-7), po.OpSample("vector", 1, 0, 200.0, 3e-7)])
     assert c.call_s >= 0 and c.unit_s > 0
 
 
@@ -71,9 +71,9 @@ def test_unknown_op():
 
 def test_op_cost_for_prefers_threads_at_or_below():
     costs = [OpCost("ternary_matvec", t, 0, 0, 1e-12 / t, 3, 0.0) for t in (1, 2, 4)]
-    assert po.op_cost_for(costs, "ternary_matvec", 3).threads == 2
-    assert po.op_cost_for(costs, "ternary_matvec", 1).threads == 1
-    assert po.op_cost_for(costs, "ssm_scan", 1) is None
+    assert op_cost_for(costs, "ternary_matvec", 3).threads == 2
+    assert op_cost_for(costs, "ternary_matvec", 1).threads == 1
+    assert op_cost_for(costs, "ssm_scan", 1) is None
 
 
 def test_measure_op_costs_fits_every_op(monkeypatch):
@@ -81,7 +81,7 @@ def test_measure_op_costs_fits_every_op(monkeypatch):
 
     def fake_time(op, shape, threads=1, timing=None, seed=0):
         calls.append((op, threads))
-        return po.OpSample(op, threads, 1, shape[0] if op != "vector" else 0, float(np.prod(shape)), 1e-6)
+        return po.OpSample(op, threads, shape[0] if op != "vector" else 0, float(np.prod(shape)), 1e-6)
 
     monkeypatch.setattr(po, "time_op", fake_time)
     costs = po.measure_op_costs((1, 2), quick=True, progress=False)

@@ -89,14 +89,20 @@ def mat_bytes(G, rows, cols):
 # ---- scratch ------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True)
+def base_work_sizes(G):
+    """(float32, int8) lengths :func:`carve` and :func:`icarve` use; the expert-parallel
+    scratch of :func:`carve_experts` follows them."""
+    D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
+    H, E, W = G[G_HMAX], G[G_EMAX], G[G_WIN]
+    wide = max(D, max(Di, H))
+    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H, wide + H
+
+
 def work_sizes(G: np.ndarray) -> tuple[int, int]:
-    """Lengths of the float32 and int8 scratch arrays :func:`carve` needs."""
-    D, Di, N, R = int(G[G_D]), int(G[G_DI]), int(G[G_N]), int(G[G_R])
-    H, E, W = int(G[G_HMAX]), int(G[G_EMAX]), int(G[G_WIN])
-    big = max(2 * Di, 3 * D)
-    wide = max(D, Di, H)
-    nf = 4 * D + big + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H
-    ni = wide + H
+    """Lengths of the float32 and int8 scratch arrays the per-token step carves."""
+    nf, ni = (int(v) for v in base_work_sizes(G))
+    D, H = int(G[G_D]), int(G[G_HMAX])
     P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
     if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq
         nf += K * D + 3 * P * H
@@ -150,10 +156,8 @@ def carve(work, G):
 def carve_experts(work, iwork, G):
     """Expert-parallel scratch after carve's and icarve's: eo_all (K, D) one output per
     chosen expert, and per thread slot g, u, hd (P, H) float32 and hq (P, H) int8."""
-    D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
-    H, E, W, P, K = G[G_HMAX], G[G_EMAX], G[G_WIN], G[G_THREADS], G[G_TOPK_MAX]
-    wide = max(D, max(Di, H))
-    o = 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H
+    D, H, P, K = G[G_D], G[G_HMAX], G[G_THREADS], G[G_TOPK_MAX]
+    o, oi = base_work_sizes(G)
     eo_all = work[o:o + K * D].reshape(K, D)
     o += K * D
     gs = work[o:o + P * H].reshape(P, H)
@@ -161,7 +165,7 @@ def carve_experts(work, iwork, G):
     us = work[o:o + P * H].reshape(P, H)
     o += P * H
     hds = work[o:o + P * H].reshape(P, H)
-    hqs = iwork[wide + H:wide + H + P * H].reshape(P, H)
+    hqs = iwork[oi:oi + P * H].reshape(P, H)
     return eo_all, gs, us, hds, hqs
 
 
@@ -565,25 +569,32 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
                 w = wk[j]
                 for i in range(D):
                     acc[i] += w * eo_all[j, i]
-            for i in range(D):
-                x[i] += acc[i]
-            return
-        mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
-        j = 0
-        for e in range(E):
-            w = np.float32(0.0)
-            if j < k and chosen[j] == e:
-                w = wk[j]
-                j += 1
-            elif G[G_MOE_SKIP]:
-                continue
-            gated_mlp(buf, aux, G, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
-                      T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
-                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
-            for i in range(D):
-                acc[i] += w * eo[i]
+        else:
+            mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
+            j = 0
+            for e in range(E):
+                w = np.float32(0.0)
+                if j < k and chosen[j] == e:
+                    w = wk[j]
+                    j += 1
+                elif G[G_MOE_SKIP]:
+                    continue
+                gated_mlp(buf, aux, G, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                          T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                          T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
+                for i in range(D):
+                    acc[i] += w * eo[i]
     for i in range(D):
         x[i] += acc[i]
+
+
+@numba.njit(inline="always", **JIT)
+def _int8w_row(Wq, x, r):
+    """sum_c Wq[r, c] * x[c] in float32 (the one per-row order both variants use)."""
+    s = ZERO
+    for c in range(Wq.shape[1]):
+        s += np.float32(Wq[r, c]) * x[c]
+    return s
 
 
 @numba.njit(**JIT)
@@ -591,20 +602,14 @@ def matvec_int8w(Wq, scale, x, out):
     """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
     (embedding / head, per-row absmax scale) times a full-precision activation."""
     for r in range(Wq.shape[0]):
-        s = ZERO
-        for c in range(Wq.shape[1]):
-            s += np.float32(Wq[r, c]) * x[c]
-        out[r] = s * scale[r]
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
 
 
 @numba.njit(parallel=True, **JIT)
 def matvec_int8w_par(Wq, scale, x, out):
     """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
     for r in numba.prange(Wq.shape[0]):
-        s = ZERO
-        for c in range(Wq.shape[1]):
-            s += np.float32(Wq[r, c]) * x[c]
-        out[r] = s * scale[r]
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
 
 
 @numba.njit(cache=True)
