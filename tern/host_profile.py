@@ -90,6 +90,14 @@ class OpCost:
     samples: int  # sizes timed
     max_rel_err: float  # largest |fit / measured - 1| over the sizes
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threads, int) and self.threads >= 1):
+            raise ValueError(f"op cost {self.op!r}: threads must be an integer >= 1, got {self.threads!r}")
+        for n in ("call_s", "row_s", "unit_s"):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"op cost {self.op!r}: {n} must be a finite number >= 0 s, got {v!r}")
+
     def seconds(self, calls: float, rows: float, units: float) -> float:
         return self.call_s * calls + self.row_s * rows + self.unit_s * units
 
