@@ -14,7 +14,10 @@ second, 1e9 bytes). Sections:
 * ``skip``: the activation-skip kernel (transposed down projection of a 4096 x 14336
   matrix) at several fractions of nonzero inputs, ops counted dense-equivalent;
 * ``dram``: the stored-layout kernels on a >= 256 MiB packed matrix next to the probe's
-  read-bandwidth kernel at the same working set (``pct_of_read_gbps``).
+  read-bandwidth kernel at the same working set (``pct_of_read_gbps``);
+* ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
+  on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
+  DRAM against row length (the rule tern.roofline_ops.STREAM_MIN_ROW_BYTES rests on).
 
 Timing: tern.probe_timing.timed_runs (warm-up, >= min_time_s per run, >= 5 repeats).
 """
@@ -44,6 +47,7 @@ SKIP_SHAPE = (4096, 14336)  # (D outputs, H inputs) of a down projection
 SKIP_NONZERO = (1.0, 0.5, 0.25, 0.1)
 DRAM_MIN_BYTES = 256 * 2**20
 BASELINES = ("fp32_matvec", "int8_matvec")
+ROW_LENGTH_BYTES = (128, 256, 320, 512, 640, 1024, 2560, 4096, 6144, 8192)  # packed bytes per row, rowlen section
 
 
 def _time_call(call, weight_bytes: int, ops: int, timing: TimingConfig) -> dict:
@@ -109,6 +113,12 @@ def run(args: argparse.Namespace) -> list[dict]:
         r, c = dram_shape(args.dram_bytes)
         jobs += [("dram", k, r, c, t) for t in threads for k in ("read", "ternary_simd", "ternary_unpack")
                  if k in ("read", *variants)]
+    if args.row_length:  # this section alone
+        jobs = []
+        for rb in (int(b) for b in args.row_bytes.split(",")):
+            r = math.ceil(args.dram_bytes / rb / 16) * 16
+            jobs += [("rowlen", k, r, 4 * rb, t) for t in threads for k in ("ternary_simd", "ternary_stream")
+                     if k in variants]
     meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "bench": "ternary_matvec",
             "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
     rows_out: list[dict] = []
@@ -167,6 +177,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dram-bytes", type=int, default=DRAM_MIN_BYTES, help="min packed bytes of the DRAM matrix")
     p.add_argument("--no-dram", action="store_true", help="skip the DRAM section")
     p.add_argument("--no-skip", action="store_true", help="skip the activation-skip section")
+    p.add_argument("--row-bytes", default=",".join(map(str, ROW_LENGTH_BYTES)),
+                   help="comma-separated packed row lengths (bytes) of the rowlen section")
+    p.add_argument("--row-length", action="store_true",
+                   help="run only the rowlen section: DRAM GB/s of the 4-row and one-row passes against row length")
     args = p.parse_args(argv)
     args.repeats = args.repeats or 5
     args.min_time_s = args.min_time_s or (0.02 if args.quick else 0.1)

@@ -82,7 +82,7 @@ class KernelThroughput:
 class OpCost:
     """Fitted seconds of one engine operation (tern.probe_ops): call + row x rows + unit x units."""
 
-    op: str  # "ternary_matvec", "ssm_scan", ... (tern.probe_ops.OPS)
+    op: str  # "ternary_matvec", "ssm_step", ... (tern.probe_ops.OPS)
     threads: int
     call_s: float  # fixed cost per call
     row_s: float  # per row (per channel) of the op

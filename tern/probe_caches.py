@@ -248,3 +248,11 @@ def _host_topology() -> Topology:
     physical = psutil.cpu_count(logical=False) or logical
     return Topology(logical_cpus=logical, physical_cores=physical)
 
+
+
+def host_llc_bytes(sys_root: str | os.PathLike = "/sys", fallbacks: Sequence[str] = ("getconf", "sysctl")) -> int:
+    """Bytes of one instance of this machine's last-level cache (0 when unknown): what the
+    decode engine's streaming rule compares a model's pools with (tern.roofline_ops)."""
+    caches, _ = detect_caches(sys_root, fallbacks)
+    top = [c for c in caches if c.type in ("Unified", "Data")]
+    return max(top, key=lambda c: (c.level, c.size_bytes)).size_bytes if top else 0

@@ -10,12 +10,14 @@ several sizes, and a linear cost model is fitted (non-negative least squares, se
 op                 timed function                                        cost model
 =================  ====================================================  ================
 ternary_matvec     kernels_ternary.ternary_matvec(_par)                  call + row x rows + unit x weights
+ternary_stream     kernels_ternary.ternary_matvec_stream(_par) (one row    call + row x rows + unit x weights
+                   per pass: long rows of DRAM-resident pools)
 ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
                    nonzero (skipped inputs cost nothing; the per-output
                    cost is the accumulator set-up and scaling)
 int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
 fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
-ssm_scan           ops.selective_scan_step                               call + row x d_inner + unit x d_inner*d_state
+ssm_step           ops.selective_scan_step (dt projection + scan)        call + row x d_inner*dt_rank + unit x d_inner*d_state
 attention          ops.attend (all heads, n cached positions)            call + unit x n*d_model
 vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
 =================  ====================================================  ================
@@ -41,8 +43,8 @@ from .probe_bandwidth import numba_threads
 from .probe_timing import TimingConfig, timed_runs
 from .records import summarize
 
-MATVEC_OPS = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec")
-OPS = MATVEC_OPS + ("ssm_scan", "attention", "vector")
+MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
+OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
 
 # (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32
 _MATVEC_SHAPES = {
@@ -61,7 +63,11 @@ _QUICK_SHAPES = {
     "int8": ((64, 256), (1024, 256), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (128, 1024)),
 }
-_SSM_SHAPES = ((256, 16, 16), (512, 16, 32), (1024, 16, 64), (512, 8, 32), (256, 32, 16))  # (Di, N, R)
+# (Di, N, R); dt_rank R varies apart from Di so the fit separates the dt projection (Di x R)
+# from the scan (Di x N)
+_SSM_SHAPES = ((256, 16, 16), (512, 16, 32), (1024, 16, 64), (512, 8, 32), (256, 32, 16), (512, 16, 128),
+               (1024, 16, 128))
+_SSM_QUICK = (0, 4, 5)
 _ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64))  # (D, heads, n)
 _VECTOR_SIZES = (128, 512, 2048, 8192)
 
@@ -74,14 +80,19 @@ def _drivers():
     from .engine.quant import quantize_act
 
     @numba.njit(cache=True)
-    def ternary(P, S, xq, out, count, par, skip):
-        """skip: P is the transposed (inputs, outputs) layout of the activation skip."""
+    def ternary(P, S, xq, out, count, par, skip, stream):
+        """skip: P is the transposed (inputs, outputs) layout of the activation skip;
+        stream: the one-row-per-pass kernel."""
         xs = np.float32(0.01)
         for _ in range(count):
             if skip and par:
                 kt.ternary_matvec_skip_par(P, S, xq, xs, out)
             elif skip:
                 kt.ternary_matvec_skip(P, S, xq, xs, out)
+            elif stream and par:
+                kt.ternary_matvec_stream_par(P, S, xq, xs, out)
+            elif stream:
+                kt.ternary_matvec_stream(P, S, xq, xs, out)
             elif par:
                 kt.ternary_matvec_par(P, S, xq, xs, out)
             else:
@@ -140,7 +151,7 @@ def drivers() -> dict[str, Callable]:
 class OpSample:
     op: str
     threads: int
-    rows: int  # per-row units (rows of a matrix, d_inner of a scan; 0 where none)
+    rows: int  # per-row units (rows of a matrix, d_inner x dt_rank of an SSM step; 0 where none)
     units: float  # the per-unit count (weights, d_inner x d_state, n x d_model, length)
     seconds: float  # median seconds per call
 
@@ -152,17 +163,18 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
     d = drivers()
     f32 = np.float32
     par = threads > 1
-    if op == "ternary_matvec":
+    if op in ("ternary_matvec", "ternary_stream"):
         r, c = shape
         P = random_ternary2(r, c, seed=int(rng.integers(1 << 30)))
         S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
-        return (lambda n: d["ternary"](P, S, xq, out, n, par, False)), r, float(r * c)
+        stream = op == "ternary_stream"
+        return (lambda n: d["ternary"](P, S, xq, out, n, par, False, stream)), r, float(r * c)
     if op == "ternary_skip":
         h, dd = shape  # H inputs (rows of the transposed matrix), D outputs
         Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
         hq = rng.integers(1, 128, h).astype(np.int8)  # every input nonzero: nothing skipped
         S, out = np.ones(dd, f32), np.zeros(dd, f32)
-        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True)), dd, float(h * dd)
+        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False)), dd, float(h * dd)
     if op == "int8_matvec":
         r, c = shape
         W = rng.integers(-127, 128, (r, c)).astype(np.int8)
@@ -173,14 +185,14 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         W = rng.standard_normal((r, c)).astype(f32)
         x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return (lambda n: d["fp32"](W, x, out, n, par)), r, float(r * c)
-    if op == "ssm_scan":
+    if op == "ssm_step":
         di, ns, rk = shape
         dtwT = (0.1 * rng.standard_normal((rk, di))).astype(f32)
         AT = -np.abs(rng.standard_normal((ns, di))).astype(f32)
         hT, dbc = np.zeros((ns, di), f32), rng.standard_normal(rk + 2 * ns).astype(f32)
         uc = rng.standard_normal(di).astype(f32)
         z, dt, y, dtb, Dp = uc.copy(), np.zeros(di, f32), np.zeros(di, f32), np.zeros(di, f32), np.ones(di, f32)
-        return (lambda n: d["ssm"](dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di, float(di * ns)
+        return (lambda n: d["ssm"](dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
     if op == "attention":
         dm, nh, npos = shape
         kc = rng.standard_normal((npos, dm)).astype(f32)
@@ -198,13 +210,14 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
 def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int, ...], ...]:
     """Sizes an op is timed at (see the module table)."""
     if op in MATVEC_OPS:
-        fam = {"ternary_matvec": "ternary", "ternary_skip": "ternary", "int8_matvec": "int8",
+        fam = {"ternary_matvec": "ternary", "ternary_stream": "ternary", "ternary_skip": "ternary",
+               "int8_matvec": "int8",
                "fp32_matvec": "fp32"}[op]
         if threads > 1:
             return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]
         return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]
-    if op == "ssm_scan":
-        return _SSM_SHAPES[:3] if quick else _SSM_SHAPES
+    if op == "ssm_step":
+        return tuple(_SSM_SHAPES[i] for i in _SSM_QUICK) if quick else _SSM_SHAPES
     if op == "attention":
         return _ATTN_SHAPES[:3] if quick else _ATTN_SHAPES
     if op == "vector":

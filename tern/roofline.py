@@ -154,9 +154,10 @@ def _family(fmt: str) -> str:
     return {"int8": "int8", "q4": "q4"}.get(fmt, "float")
 
 
-def two_pool(cfg: ModelConfig, context: int | None = None) -> TwoPool:
+def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None) -> TwoPool:
     """The pools of ``cfg`` at ``context`` positions of attention cache (None: a full
-    window, the steady state of a long generation). Counts come from
+    window, the steady state of a long generation); ``llc_bytes`` (see
+    :func:`engine_llc_bytes`) decides which matrices the engine streams. Counts come from
     :func:`tern.config.param_counts`; ops count 2 per weight read (multiply-add), plus
     the SSM scan (~6 fp32 ops per state element) and attention over the window."""
     if context is None:
@@ -183,7 +184,7 @@ def two_pool(cfg: ModelConfig, context: int | None = None) -> TwoPool:
     add("fp32", 2.0 * (g.get("mixer_aux", 0) + g.get("norm", 0))
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
-    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context)
+    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes)
     return TwoPool(cfg.name, pc.resident.bytes, pc.streamed.bytes, pc.expert_bytes_total,
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
                    pc.active.params, res_ops, st_ops, res_work, st_work,
@@ -253,6 +254,13 @@ def llc_capacity_bytes(host: HostProfile, threads: int = 1) -> int:
     """Last-level cache bytes usable at ``threads`` (0 when no cache is known)."""
     levels = cache_levels(host)
     return (cache_capacity_bytes(host, levels[-1].level, threads) or 0) if levels else 0
+
+
+def engine_llc_bytes(host: HostProfile) -> int:
+    """The last-level cache one core sees: what the engine's streaming rule compares the
+    pools with (tern.roofline_ops.stream_row_bytes; the engine reads the same size from
+    the OS, tern.engine.decode)."""
+    return llc_capacity_bytes(host, 1)
 
 
 def memory_roof(host: HostProfile, working_set_bytes: float, threads: int = 1) -> str:
@@ -425,7 +433,7 @@ def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int 
     if fmt is not None:
         cfg = with_format(cfg, fmt)
     ctx = cfg.attn_window if context is None else context
-    return predict_pools(two_pool(cfg, ctx), host, threads, policy, ctx)
+    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host)), host, threads, policy, ctx)
 
 
 # ---- sweeps (the data behind the plots and the explorer) -----------------------------------

@@ -15,16 +15,31 @@ for 1/4 of the units and ReLU² for 1/2; trained models are sparser (the sandbox
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .config import ModelConfig
+from .config import ModelConfig, param_counts
 from .formats import get_format
 from .host_profile import op_cost_for
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
 PAR_MIN_WEIGHTS = 1 << 20  # with threads > 1 the engine splits matrices of at least this many weights
+# Ternary matrices whose pool comes from DRAM and whose packed rows hold STREAM_MIN_ROW_BYTES
+# .. STREAM_MAX_ROW_BYTES bytes (1,280 .. 16,384 columns) run the streaming kernel (one row
+# per pass, one sequential read stream; tern.engine.kernels_ternary._rows_stream). Measured
+# on Zen 4 at >= 256 MiB (benchmarks/ternary_matvec.py --row-length, 1 thread): at 128-256 B
+# rows both forms read 20-24 GB/s; from 320 B to 4 KB the 4-row pass falls to 7-17 GB/s
+# while one row per pass reads 17-29; from 6 KB rows on the activation vector (>= 24 KB)
+# no longer stays in L1 beside the stream and the one-row pass drops to 10-12 GB/s
+# against 16-19 for the 4-row pass, which reuses each activation load 4 times.
+STREAM_MIN_ROW_BYTES = 320
+STREAM_MAX_ROW_BYTES = 4096
 PAR_SUFFIX = "@par"  # work key of a matvec split over threads (costed at the thread count)
+# work key of routed-expert work the engine runs expert-parallel (threads > 1): each chosen
+# expert on one thread with the single-thread kernels (tern.engine.ops.experts_parallel);
+# "op@ep<k>" is costed at 1 thread and divided by k / ceil(k / threads)
+EP_SUFFIX = "@ep"
 
 Work = dict[str, list[float]]  # op (+ PAR_SUFFIX) -> [calls, rows, units]
 
@@ -36,42 +51,88 @@ def _add(work: Work, op: str, calls: float, rows: float, units: float) -> None:
     w[2] += units
 
 
-def _matvec_op(fmt: str) -> str:
+# ops priced with another op's cost when a profile predates them (same kernel family)
+COST_FALLBACK = {"ternary_stream": "ternary_matvec"}
+
+
+def stream_row_bytes(cfg: ModelConfig, llc_bytes: int | None) -> tuple[int, int]:
+    """(resident, routed): the smallest packed ternary row, in bytes, that each pool reads
+    with the streaming kernel, 0 for none. A pool streams once its working set cannot stay
+    in the last-level cache of ``llc_bytes`` (None / 0: unknown, no streaming): the
+    resident pool when its bytes exceed it, the routed experts when resident bytes plus
+    all experts do. The engine (tern.engine.decode) and the roofline both use this."""
+    if not llc_bytes:
+        return 0, 0
+    pc = param_counts(cfg)
+    res = STREAM_MIN_ROW_BYTES if pc.resident.bytes > llc_bytes else 0
+    routed = (STREAM_MIN_ROW_BYTES if pc.expert_bytes_total
+              and pc.resident.bytes + pc.expert_bytes_total > llc_bytes else 0)
+    return res, routed
+
+
+def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
     f = get_format(fmt)
     if f.ternary:
-        return "ternary_matvec"
+        stream = stream_rb and stream_rb <= (cols + 3) // 4 <= STREAM_MAX_ROW_BYTES
+        return "ternary_stream" if stream else "ternary_matvec"
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
 
 
-def _key(op: str, weights: int) -> str:
-    """The work key of a matrix op: costed at the thread count when the engine splits it."""
+def _key(op: str, weights: int, ep: int = 0) -> str:
+    """The work key of an op: expert-parallel over ``ep`` chosen experts (ep > 0), else
+    costed at the thread count when the engine splits the matrix."""
+    if ep:
+        return f"{op}{EP_SUFFIX}{ep}"
     return op + PAR_SUFFIX if weights >= PAR_MIN_WEIGHTS else op
 
 
-def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0) -> None:
-    _add(work, _key(_matvec_op(fmt), rows * cols), n, n * rows, n * rows * cols)
+def parse_key(key: str, threads: int) -> tuple[str, int, float]:
+    """(op, threads its cost is taken at, divisor of that cost) of a work key."""
+    if EP_SUFFIX in key:
+        op, k = key.split(EP_SUFFIX)
+        return op, 1, int(k) / math.ceil(int(k) / threads)
+    if key.endswith(PAR_SUFFIX):
+        return key[:-len(PAR_SUFFIX)], threads, 1.0
+    return key, 1, 1.0
 
 
-def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float) -> float:
-    """``n`` experts (or MLPs) of ``hidden`` units; returns the down-projection bytes the
-    activation skip leaves unread."""
+def experts_parallel(cfg: ModelConfig) -> int:
+    """k when the engine runs a token's k chosen experts expert-parallel with threads > 1
+    (the rule of tern.engine.ops.experts_parallel: k >= 2 and at least PAR_MIN_WEIGHTS
+    weights of chosen experts per layer), else 0."""
+    k = cfg.top_k
+    return k if k >= 2 and 3 * k * cfg.expert_hidden * cfg.d_model >= PAR_MIN_WEIGHTS else 0
+
+
+def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0) -> None:
+    _add(work, _key(_matvec_op(fmt, cols, stream_rb), rows * cols, ep), n, n * rows, n * rows * cols)
+
+
+def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, stream_rb: int = 0,
+               ep: int = 0) -> float:
+    """``n`` experts (or MLPs) of ``hidden`` units (``ep``: run expert-parallel, see
+    :func:`experts_parallel`); returns the down-projection bytes the activation skip
+    leaves unread."""
     D = cfg.d_model
-    _matvec(work, fmt, hidden, D, 2 * n)  # gate and up
-    _add(work, "vector", n, 0, n * hidden)  # activation + quantization of the hidden vector
+    _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep)  # gate and up
+    _add(work, _key("vector", 0, ep), n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
     if f.ternary:
-        _add(work, _key("ternary_skip", hidden * D), n, n * D, n * rho * hidden * D)  # rows: the D outputs
+        _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
-    _matvec(work, fmt, D, hidden, n)
+    _matvec(work, fmt, D, hidden, n, stream_rb, ep)
     return 0.0
 
 
-def work_inventory(cfg: ModelConfig, context: int | None = None) -> tuple[Work, Work, float, float]:
+def work_inventory(cfg: ModelConfig, context: int | None = None,
+                   llc_bytes: int | None = None) -> tuple[Work, Work, float, float]:
     """(resident work, streamed work, resident bytes skipped, streamed bytes skipped) of one
-    token at ``context`` cached attention positions (None: a full window)."""
+    token at ``context`` cached attention positions (None: a full window); ``llc_bytes``
+    decides which matrices the engine streams (:func:`stream_row_bytes`)."""
     ctx = cfg.attn_window if context is None else context
     D, Di, N, R = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank_eff
+    srb, srb_routed = stream_row_bytes(cfg, llc_bytes)
     res: Work = {}
     st: Work = {}
     skip_res = skip_st = 0.0
@@ -79,26 +140,27 @@ def work_inventory(cfg: ModelConfig, context: int | None = None) -> tuple[Work, 
     for layer in range(cfg.n_layers):
         _add(res, "vector", 1, 0, D)  # RMSNorm + quantization of the mixer input
         if cfg.mixer(layer) == "ssm":
-            _matvec(res, cfg.mixer_format, 2 * Di, D)  # in_proj
+            _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb)  # in_proj
             _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
-            _matvec(res, cfg.mixer_format, R + 2 * N, Di)  # x_proj
-            _add(res, "ssm_scan", 1, Di, Di * N)
-            _matvec(res, cfg.mixer_format, D, Di)  # out_proj
+            _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb)  # x_proj
+            _add(res, "ssm_step", 1, Di * R, Di * N)  # dt projection (Di x R) + scan (Di x N)
+            _matvec(res, cfg.mixer_format, D, Di, 1, srb)  # out_proj
         else:
-            _matvec(res, cfg.mixer_format, 3 * D, D)  # q, k, v
+            _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb)  # q, k, v
             _add(res, "attention", 1, 0, min(ctx, cfg.attn_window) * D)
             _add(res, "vector", 1, 0, D)
-            _matvec(res, cfg.mixer_format, D, D)  # out
+            _matvec(res, cfg.mixer_format, D, D, 1, srb)  # out
         if cfg.is_moe(layer):
             _add(res, "vector", 1, 0, D)
             if cfg.n_shared:
-                skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared)
+                skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb)
             _matvec(res, "fp32", cfg.n_experts, D)  # router logits (fp32 math)
             _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
-            skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k)
+            skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
+                                  experts_parallel(cfg))
         elif cfg.mlp_hidden:
             _add(res, "vector", 1, 0, D)
-            skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1)
+            skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1, srb)
     _add(res, "vector", 1, 0, D)  # final norm
     head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
     _matvec(res, head_fmt, cfg.vocab_size, D)
@@ -111,11 +173,13 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
     op in it."""
     out: dict[str, float] = {}
     for key, (calls, rows, units) in work.items():
-        op, par = (key[:-len(PAR_SUFFIX)], True) if key.endswith(PAR_SUFFIX) else (key, False)
-        cost = op_cost_for(host.op_costs, op, threads if par else 1)
+        op, t, divisor = parse_key(key, threads)
+        cost = op_cost_for(host.op_costs, op, t)
+        if cost is None and op in COST_FALLBACK:
+            cost = op_cost_for(host.op_costs, COST_FALLBACK[op], t)
         if cost is None:
             return None
-        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units)
+        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units) / divisor
     return out
 
 
@@ -129,12 +193,12 @@ def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int |
     """Predicted seconds per token by component: each op's compute (both pools), the
     memory stall of each pool, and the per-token overhead (tern.roofline.predict's split;
     the values sum to its s_per_token). Needs a profile with op costs."""
-    from .roofline import predict
+    from .roofline import engine_llc_bytes, predict
 
     if not host.op_costs:
         raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
     p = predict(cfg, host, threads, context)
-    res, st, _, _ = work_inventory(cfg, p.context)
+    res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host))
     out: dict[str, float] = {}
     for w in (res, st):
         for op, sec in (work_breakdown(w, host, threads) or {}).items():

@@ -339,9 +339,9 @@ def solve_efficiency(cfg: ModelConfig, host: HostProfile, threads: int, overhead
     efficiency rises), clamped to :data:`EFFICIENCY_RANGE`."""
     from dataclasses import replace
 
-    from .roofline import predict_pools, two_pool
+    from .roofline import engine_llc_bytes, predict_pools, two_pool
 
-    pools = two_pool(cfg, cfg.attn_window)  # what predict(cfg, ...) prices, built once
+    pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host))  # what predict(cfg, ...) prices, built once
 
     def s_per_token(eff: float) -> float:
         cal = {f"per_token_overhead_s_t{threads}": overhead_s, f"bandwidth_efficiency_t{threads}": eff}

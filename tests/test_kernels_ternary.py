@@ -81,7 +81,8 @@ def test_quantize_act_rejects_bad_input():
 
 
 DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par,
-                 K.ternary_matvec_simd, K.ternary_matvec_simd_par]
+                 K.ternary_matvec_simd, K.ternary_matvec_simd_par, K.ternary_matvec_stream,
+                 K.ternary_matvec_stream_par, K.ternary_matvec_simd_stream, K.ternary_matvec_simd_stream_par]
 
 
 @pytest.mark.parametrize("shape", SHAPES)

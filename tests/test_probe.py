@@ -47,6 +47,13 @@ def _by_level(caches):
 # ---- caches ---------------------------------------------------------------------------------
 
 
+def test_host_llc_bytes_is_one_last_level_instance():
+    from tern.probe_caches import host_llc_bytes
+
+    assert host_llc_bytes(FIX / "sys_ryzen5_3600x", fallbacks=()) == 16 * MIB  # one CCX's L3
+    assert host_llc_bytes(FIX / "sys_intel_i7_8700", fallbacks=()) > 0
+
+
 def test_ryzen_3600x_fixture():
     caches, source = detect_caches(FIX / "sys_ryzen5_3600x", fallbacks=("default",))
     assert source == "/sys"

@@ -29,7 +29,8 @@ def test_inventory_counts_every_weight_once(preset):
     head = g["embed"] if cfg.tie_embeddings else g["head"]
     assert _units(res, "int8_matvec") + _units(res, "fp32_matvec") == head + g.get("router", 0)
     n_ssm = sum(cfg.mixer(i) == "ssm" for i in range(cfg.n_layers))
-    assert _units(res, "ssm_scan") == n_ssm * cfg.d_inner * cfg.d_state
+    assert _units(res, "ssm_step") == n_ssm * cfg.d_inner * cfg.d_state
+    assert res["ssm_step"][1] == n_ssm * cfg.d_inner * cfg.dt_rank_eff  # rows: the dt projection
 
 
 def test_activation_skip_reduces_down_projection():
@@ -61,7 +62,7 @@ def test_attention_work_follows_context():
 
 
 def _costs(scale=1.0):
-    ops = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec", "ssm_scan", "attention", "vector")
+    ops = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec", "ssm_step", "attention", "vector")
     return tuple(OpCost(op, 1, 1e-7 * scale, 2e-9 * scale, 1e-11 * scale, 3, 0.0) for op in ops)
 
 
@@ -117,7 +118,7 @@ def test_time_breakdown_sums_to_the_prediction():
     cfg = load_config("sandbox").replace(n_experts=512)
     b = time_breakdown(cfg, host)
     assert sum(b.values()) == pytest.approx(predict(cfg, host).s_per_token)
-    assert b["overhead"] == pytest.approx(3e-6) and b["stall (streamed)"] > 0 and b["ssm_scan"] > 0
+    assert b["overhead"] == pytest.approx(3e-6) and b["stall (streamed)"] > 0 and b["ssm_step"] > 0
     with pytest.raises(ValueError, match="op costs"):
         time_breakdown(cfg, synthetic_profile(8 << 20, 100.0, 10.0))
 
@@ -130,3 +131,59 @@ def test_plot_time_breakdown_renders():
     fig = plot_time_breakdown({"a": {"ssm_scan": 1e-5, "overhead": 2e-6}, "b": {"ssm_scan": 2e-5}})
     assert len(fig.axes[0].patches) == 4
     plt.close(fig)
+
+
+# ---- streaming kernel rule and expert-parallel work ------------------------------------------
+
+
+def test_stream_rule_follows_pools_and_llc():
+    from tern.roofline_ops import STREAM_MIN_ROW_BYTES, stream_row_bytes
+
+    small = load_config("sandbox")
+    assert stream_row_bytes(small, 32 << 20) == (0, 0)  # everything fits the LLC
+    assert stream_row_bytes(small, None) == (0, 0)  # unknown LLC: never
+    assert stream_row_bytes(small, 1 << 10) == (STREAM_MIN_ROW_BYTES, STREAM_MIN_ROW_BYTES)
+    pc = param_counts(small)
+    # resident fits, resident + all experts do not: only the routed pool streams
+    mid = pc.resident.bytes + pc.expert_bytes_total // 2
+    assert stream_row_bytes(small, mid) == (0, STREAM_MIN_ROW_BYTES)
+
+
+def test_inventory_streams_only_long_rows_of_streamed_pools():
+    from tern.roofline_ops import STREAM_MAX_ROW_BYTES
+
+    cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)  # 256 B rows of D, 512 B of Di
+    plain, _, _, _ = work_inventory(cfg)
+    assert not any(k.startswith("ternary_stream") for k in plain)
+    res, st, _, _ = work_inventory(cfg, None, 1 << 10)
+    keys = set(res) | set(st)
+    assert any(k.startswith("ternary_stream") for k in keys) and any(k.startswith("ternary_matvec") for k in keys)
+    weights = lambda w, p: sum(v[2] for k, v in w.items() if k.startswith(p))  # noqa: E731
+    assert weights(res, "ternary_stream") + weights(res, "ternary_matvec") == weights(plain, "ternary_matvec")
+    wide = load_config("sandbox").replace(d_model=8 * STREAM_MAX_ROW_BYTES, n_heads=8)  # rows past the max
+    res_w, _, _, _ = work_inventory(wide, None, 1 << 10)
+    assert not any(k.startswith("ternary_stream") for k in res_w)  # every ternary row is longer than the max
+
+
+def test_expert_parallel_work_is_split_over_threads():
+    from tern.roofline_ops import EP_SUFFIX, experts_parallel, parse_key
+
+    cfg = load_config("30m").replace(top_k=4, expert_hidden=1024, n_experts=16)
+    assert experts_parallel(cfg) == 4
+    assert experts_parallel(cfg.replace(top_k=1)) == 0
+    _, st, _, _ = work_inventory(cfg)
+    assert st and all(EP_SUFFIX + "4" in k for k in st)
+    assert parse_key("ternary_matvec@ep4", 2) == ("ternary_matvec", 1, 2.0)
+    assert parse_key("ternary_matvec@ep3", 2) == ("ternary_matvec", 1, 1.5)  # 2 rounds for 3 experts
+    assert parse_key("ternary_matvec@par", 2) == ("ternary_matvec", 2, 1.0)
+    assert parse_key("vector", 2) == ("vector", 1, 1.0)
+    host = dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0), op_costs=_costs())
+    one, two = work_seconds(st, host, 1), work_seconds(st, host, 2)
+    assert two == pytest.approx(one / 2)
+
+
+def test_stream_cost_falls_back_to_the_matvec_cost():
+    cfg = load_config("sandbox").replace(d_model=2048, n_heads=8)
+    res, _, _, _ = work_inventory(cfg, None, 1 << 10)
+    host = dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0), op_costs=_costs())  # no ternary_stream
+    assert work_seconds(res, host) is not None

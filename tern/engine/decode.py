@@ -16,6 +16,12 @@ computes the same model (docs/MODEL.md):
 - ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
   ``par_min_weights`` weights (smaller ones stay serial: a parallel region costs more than
   they do); every reduction keeps its order, so logits are identical to ``threads=1``.
+- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
+  packed bytes) in
+  a pool that cannot stay in the last-level cache are read one row per pass, a single
+  sequential stream the hardware prefetcher follows (tern.roofline_ops.stream_row_bytes);
+  "auto" (default) applies that rule with this machine's LLC size, "on" streams every
+  long-row matrix, "off" none. The sums are the same either way.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ import numpy as np
 
 from ..config import tensor_specs
 from ..export import TERNARY_FORMATS, PackedModel, load_packed, to_float32
-from ..roofline_ops import PAR_MIN_WEIGHTS  # with threads > 1, only matrices this large are split
+from ..probe_caches import host_llc_bytes
+from ..roofline_ops import PAR_MIN_WEIGHTS, STREAM_MAX_ROW_BYTES, STREAM_MIN_ROW_BYTES, stream_row_bytes
 from . import ops
 from .packing import expand_b3_to_ternary2, pack_ternary2
 
 KERNELS = ("ternary", "fp32")
+STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
 
@@ -68,7 +76,8 @@ class Engine:
 
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool = True, moe_skip: bool = True, fused: bool = True,
-                 check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS):
+                 check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
+                 stream: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -90,6 +99,13 @@ class Engine:
         if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:
             raise ValueError(f"par_min_weights must be an integer >= 0, got {par_min_weights!r}")
         self.par_min_weights = int(par_min_weights)
+        if stream not in STREAM_MODES:
+            raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
+        self.stream = stream
+        if stream == "auto":
+            self.stream_row_bytes = stream_row_bytes(self.cfg, host_llc_bytes())
+        else:
+            self.stream_row_bytes = (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0)
         self._build_tables()
         self._alloc_state()
         self.reset()
@@ -207,6 +223,8 @@ class Engine:
         G[ops.G_PAR] = int(self.threads > 1)
         G[ops.G_PAR_MIN] = self.par_min_weights
         G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
+        G[ops.G_STREAM_RB], G[ops.G_STREAM_RB_ROUTED] = self.stream_row_bytes
+        G[ops.G_STREAM_RB_MAX] = STREAM_MAX_ROW_BYTES
         G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
         G[ops.G_EMBED_INT8] = int(emb_int8)
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
@@ -341,4 +359,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "par_min_weights": self.par_min_weights, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream,
+                "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

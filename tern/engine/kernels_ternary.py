@@ -29,6 +29,11 @@ from .simd import (
     skip_chunk,
 )
 
+# Launch numba's threading layer at import: the plain-njit wrappers below (ternary_matvec_par,
+# ...) call parallel kernels, and such a call loaded from the on-disk cache segfaults when the
+# layer is not up yet (a parallel=True function called directly would launch it itself).
+numba.get_num_threads()
+
 SEG_COLS = 256
 SEG_BYTES = 64
 MAX_COLS = (2**31 - 1) // 254  # sums of code (<= 2) * |xq| (<= 127) stay inside int32
@@ -108,34 +113,70 @@ def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
 
 
 @numba.njit(cache=True, inline="always")
-def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
+def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
+    """Rows r0..r1-1 one at a time, in address order: one sequential read stream (also
+    the tail rows of the 4-row pass). The 4-row pass of _rows_simd reads 4 streams a row apart; once rows are longer than a few hundred bytes and the
+    matrix comes from DRAM, the hardware prefetcher follows 4 short streams badly (measured
+    on Zen 4 with benchmarks/ternary_matvec.py --row-length: 7-10 GB/s at 512 B - 8 KB rows
+    against 18-21 GB/s for this form, which is ~15 % slower in cache instead). Which matrices
+    use it: tern.roofline_ops.stream_row_bytes (the engine and the roofline share the rule).
+    """
+    nfull = xq.shape[0] // SEG_COLS
+    gtail = packed.shape[1] - nfull * SEG_BYTES
+    for r in range(r0, r1):
+        acc = np.int32(row_codes_dot(packed, r, xq, nfull, gtail) - qsum)
+        out[r] = row_scale[r] * x_scale * np.float32(acc)
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1, one_row):
+    """Rows r0..r1-1: ROWS_PER_DOT rows per pass over xq, or (``one_row``) the streaming
+    form of _rows_stream for them all."""
     nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
     gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
     r = r0
-    while r + ROWS_PER_DOT <= r1:  # ROWS_PER_DOT rows per pass over xq
+    while not one_row and r + ROWS_PER_DOT <= r1:  # ROWS_PER_DOT rows per pass over xq
         sums = rows_codes_dot(packed, r, xq, nfull, gtail)
         for i in range(ROWS_PER_DOT):
             out[r + i] = row_scale[r + i] * x_scale * np.float32(np.int32(sums[i] - qsum))
         r += ROWS_PER_DOT
-    for rr in range(r, r1):
-        acc = np.int32(row_codes_dot(packed, rr, xq, nfull, gtail) - qsum)
-        out[rr] = row_scale[rr] * x_scale * np.float32(acc)
+    _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r, r1)
+
+
+@numba.njit(cache=True, parallel=True)
+def _simd_par(packed, row_scale, xq, x_scale, out, one_row):
+    qsum = act_sum(xq)
+    rows = packed.shape[0]
+    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
+        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK), one_row)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_simd(packed, row_scale, xq, x_scale, out):
     """Variant "simd" (x86 with AVX2 or AVX-512): 64-byte loads, shift+mask to u8 codes,
     u8 x s8 dot products (vpdpbusd with VNNI), minus sum(xq)."""
-    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0])
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], False)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True)
 def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
     """Variant "simd", blocks of ROW_BLOCK rows split over numba threads."""
-    qsum = act_sum(xq)
-    rows = packed.shape[0]
-    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
-        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+    _simd_par(packed, row_scale, xq, x_scale, out, False)
+
+
+# ---- variant "simd", one row per pass (the streaming form; see _rows_stream) ----------------
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd_stream(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", one row per pass (one sequential read stream; see _rows_stream)."""
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], True)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd_stream_par(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", one row per pass, blocks of ROW_BLOCK rows split over numba threads."""
+    _simd_par(packed, row_scale, xq, x_scale, out, True)
 
 
 # ---- default ---------------------------------------------------------------------------------
@@ -149,6 +190,10 @@ _DEFAULT = ternary_matvec_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_
 _DEFAULT_PAR = ternary_matvec_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
 
 
+_STREAM = ternary_matvec_simd_stream if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
+_STREAM_PAR = ternary_matvec_simd_stream_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
+
+
 @numba.njit(cache=True)
 def ternary_matvec(packed, row_scale, xq, x_scale, out):
     """Default single-thread ternary matvec (DEFAULT_VARIANT on this CPU)."""
@@ -159,6 +204,19 @@ def ternary_matvec(packed, row_scale, xq, x_scale, out):
 def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
     """Default multi-thread ternary matvec (threads: numba.set_num_threads by the caller)."""
     _DEFAULT_PAR(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_stream(packed, row_scale, xq, x_scale, out):
+    """Default single-thread streaming ternary matvec (rows in address order; the
+    "unpack" variant already reads that way)."""
+    _STREAM(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out):
+    """Default multi-thread streaming ternary matvec."""
+    _STREAM_PAR(packed, row_scale, xq, x_scale, out)
 
 
 # ---- activation skip (transposed orientation) -----------------------------------------------

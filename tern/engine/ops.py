@@ -23,7 +23,14 @@ import numpy as np
 
 from ..fastmath import fexp_nonpos
 from .kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
-from .kernels_ternary import ternary_matvec, ternary_matvec_par, ternary_matvec_skip, ternary_matvec_skip_par
+from .kernels_ternary import (
+    ternary_matvec,
+    ternary_matvec_par,
+    ternary_matvec_skip,
+    ternary_matvec_skip_par,
+    ternary_matvec_stream,
+    ternary_matvec_stream_par,
+)
 from .quant import quantize_act
 
 # ---- table columns ----------------------------------------------------------------------
@@ -47,7 +54,11 @@ G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
 G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
 G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
 G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), largest top_k
-N_GLOBALS = 26
+# ternary matrices with packed rows of at least G_STREAM_RB bytes use the streaming (one row
+# per pass) kernel; 0: none. G_STREAM_RB is what bitlinear reads; ffn_step swaps in the
+# routed experts' threshold for them (tern.roofline_ops.stream_row_bytes: per pool)
+G_STREAM_RB, G_STREAM_RB_ROUTED, G_STREAM_RB_MAX = 26, 27, 28  # ... and at most G_STREAM_RB_MAX
+N_GLOBALS = 29
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
@@ -273,8 +284,14 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     rb = (cols + 3) // 4
     P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
     S = f32(buf, aux, s_addr, rows)
+    stream = G[G_STREAM_RB] != 0 and G[G_STREAM_RB] <= rb <= G[G_STREAM_RB_MAX]  # same sums either way
     if par(G, rows * cols):
-        ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
+        if stream:
+            ternary_matvec_stream_par(P, S, xq[:cols], xs, out[:rows])
+        else:
+            ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
+    elif stream:
+        ternary_matvec_stream(P, S, xq[:cols], xs, out[:rows])
     else:
         ternary_matvec(P, S, xq[:cols], xs, out[:rows])
 
@@ -564,12 +581,17 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
             eo_all, gs, us, hds, hqs = carve_experts(work, iwork, G)
             Gs = G.copy()
             Gs[G_PAR] = 0
+            Gs[G_STREAM_RB] = G[G_STREAM_RB_ROUTED]
             routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs)
             for j in range(k):  # same order and arithmetic as the sequential loop below
                 w = wk[j]
                 for i in range(D):
                     acc[i] += w * eo_all[j, i]
         else:
+            Gr = G
+            if G[G_STREAM_RB_ROUTED] != G[G_STREAM_RB]:
+                Gr = G.copy()
+                Gr[G_STREAM_RB] = G[G_STREAM_RB_ROUTED]
             mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
             j = 0
             for e in range(E):
@@ -579,7 +601,7 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
                     j += 1
                 elif G[G_MOE_SKIP]:
                     continue
-                gated_mlp(buf, aux, G, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
                           T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
                           T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
                 for i in range(D):

@@ -9,6 +9,8 @@ name       formulation                                            layout read (b
 =========  =====================================================  ===============================
 simd       64-byte loads, shift+mask to u8 codes, vpdpbusd        ternary2 as stored (2)
            (AVX-512 VNNI) or vpmaddubsw+vpmaddwd (AVX2/AVX-512BW)
+stream     "simd" one row per pass: a single sequential read      ternary2 as stored (2)
+           stream (the engine's kernel for long rows from DRAM)
 unpack     the same unpack in plain numba, int16 dot              ternary2 as stored (2)
 bitplane   +1 / -1 weight bit-planes, popcount against the 8      (rows, 2, cols/64) uint64 (2)
            activation bit-planes (vpopcntq)
@@ -57,6 +59,8 @@ VARIANTS: dict[str, TernaryVariant] = {
     for v in (
         TernaryVariant("simd", _as_stored, kt.ternary_matvec_simd, kt.ternary_matvec_simd_par,
                        f"unpack + {ROW_DOT_ISA} byte dot products (numba intrinsics)"),
+        TernaryVariant("stream", _as_stored, kt.ternary_matvec_simd_stream, kt.ternary_matvec_simd_stream_par,
+                       "simd, one row per pass: one sequential read stream"),
         TernaryVariant("unpack", _as_stored, kt.ternary_matvec_unpack, kt.ternary_matvec_unpack_par,
                        "unpack to int8 in plain numba, int16 segment sums"),
         TernaryVariant("bitplane", kb.to_bitplanes, kb.ternary_matvec_bitplane,
@@ -65,7 +69,7 @@ VARIANTS: dict[str, TernaryVariant] = {
                        "T-MAC style 81-entry int16 tables over groups of 4 activations"
                        + (" (vpermi2b, 64 rows at once)" if kl.HAS_VBMI else " (scalar lookups)")),
     )
-    if not (v.name == "simd" and ROW_DOT_ISA == "none")
+    if not (v.name in ("simd", "stream") and ROW_DOT_ISA == "none")
 }
 
 _CALIBRATION: dict | None = None
