@@ -11,7 +11,12 @@ Printed and appended as JSONL rows (tern.records.run_metadata + figures):
   working set, nothing else (the pure memory roof, uncalibrated);
 * ``predicted_tok_per_s``: tern.roofline.predict on the uncalibrated profile (with op
   costs in the profile: measured op costs + memory stall; see tern.roofline);
-* the measured tok/s, both ratios, and the achieved GB/s of active weights.
+* ``predicted_tok_per_s_same_run``: the same prediction with the profile's DRAM read
+  bandwidth replaced by the read kernel's figure measured right before and right after
+  this decode run (tern.roofline.with_dram_bandwidth; the mean of the two) — on this VM
+  the DRAM bandwidth moves between regimes over minutes, so the probe's figure may be
+  stale when the model runs;
+* the measured tok/s, the ratios, and the achieved GB/s of active weights.
 
     .venv/bin/python benchmarks/dram_model.py [--results results] [--threads 1 2]
 """
@@ -26,8 +31,10 @@ from pathlib import Path
 
 from tern.config import param_counts
 from tern.host_profile import HostProfile
+from tern.probe_bandwidth import SweepBuffers, measure_point
+from tern.probe_timing import TimingConfig
 from tern.records import append_jsonl, run_metadata
-from tern.roofline import bandwidth_gbps, predict
+from tern.roofline import bandwidth_gbps, predict, with_dram_bandwidth
 from tern.sweep import BUDGETS, SweepPoint, ensure_model, measure_in_subprocess
 
 
@@ -45,9 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     pc = param_counts(cfg)
     path = ensure_model(cfg, res / "models")
     out = res / "bench" / "dram_model.jsonl"
+    ws = min(pc.total.bytes, 1 << 30)
+    buffers = SweepBuffers(ws)
+    timing = TimingConfig(min_time_s=0.2, repeats=3, warmup_s=0.1)
+
+    def read_now(t: int) -> float:
+        return measure_point("read", ws, t, buffers, timing)[0].gbps_median
+
     for t in args.threads:
+        before = read_now(t)
         m = measure_in_subprocess(path, SweepPoint("dram_model", "dram250", cfg, t, tokens=32, repeats=5, warmup=8))
+        after = read_now(t)
         p = predict(cfg, host, threads=t)
+        p_now = predict(cfg, with_dram_bandwidth(host, t, (before + after) / 2), threads=t)
         roof = bandwidth_gbps(host, p.hot_bytes, t) * 1e9 / pc.active.bytes
         row = {**run_metadata(threads=t), "benchmark": "dram_model", "config": cfg.to_dict(),
                "active_bytes": pc.active.bytes, "total_bytes": pc.total.bytes,
@@ -57,11 +74,15 @@ def main(argv: list[str] | None = None) -> int:
                "predicted_tok_per_s": p.tok_per_s, "predicted_model": p.model,
                "ratio_to_prediction": m["tok_per_s"] / p.tok_per_s,
                "achieved_gbps": m["tok_per_s"] * pc.active.bytes / 1e9,
-               "read_gbps_at_ws": bandwidth_gbps(host, p.hot_bytes, t)}
+               "read_gbps_at_ws": bandwidth_gbps(host, p.hot_bytes, t),
+               "read_gbps_same_run": [before, after], "predicted_tok_per_s_same_run": p_now.tok_per_s,
+               "ratio_to_prediction_same_run": m["tok_per_s"] / p_now.tok_per_s}
         append_jsonl(out, row)
         print(json.dumps({k: row[k] for k in ("threads", "active_bytes", "tok_per_s", "bandwidth_roof_tok_per_s",
                                               "ratio_to_bandwidth_roof", "predicted_tok_per_s", "predicted_model",
-                                              "ratio_to_prediction", "achieved_gbps", "read_gbps_at_ws")}))
+                                              "ratio_to_prediction", "achieved_gbps", "read_gbps_at_ws",
+                                              "read_gbps_same_run", "predicted_tok_per_s_same_run",
+                                              "ratio_to_prediction_same_run")}))
     print(f"rows appended to {out}", file=sys.stderr)
     return 0
 

@@ -80,7 +80,8 @@ class KernelThroughput:
 
 @dataclass(frozen=True)
 class OpCost:
-    """Fitted seconds of one engine operation (tern.probe_ops): call + row x rows + unit x units."""
+    """Fitted seconds of one engine operation (tern.probe_ops): call + row x rows + unit x
+    units (+ tail x rows with a partial last 256-column segment, for the ternary matvecs)."""
 
     op: str  # "ternary_matvec", "ssm_step", ... (tern.probe_ops.OPS)
     threads: int
@@ -89,17 +90,18 @@ class OpCost:
     unit_s: float  # per unit: a weight, a state element, a cached position x d_model, an element
     samples: int  # sizes timed
     max_rel_err: float  # largest |fit / measured - 1| over the sizes
+    tail_s: float = 0.0  # per row whose last segment is partial (masked loads; 0: not fitted)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threads, int) and self.threads >= 1):
             raise ValueError(f"op cost {self.op!r}: threads must be an integer >= 1, got {self.threads!r}")
-        for n in ("call_s", "row_s", "unit_s"):
+        for n in ("call_s", "row_s", "unit_s", "tail_s"):
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"op cost {self.op!r}: {n} must be a finite number >= 0 s, got {v!r}")
 
-    def seconds(self, calls: float, rows: float, units: float) -> float:
-        return self.call_s * calls + self.row_s * rows + self.unit_s * units
+    def seconds(self, calls: float, rows: float, units: float, tails: float = 0.0) -> float:
+        return self.call_s * calls + self.row_s * rows + self.unit_s * units + self.tail_s * tails
 
 
 def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:

@@ -456,7 +456,8 @@ def cli_render(result: dict[str, Any]) -> str:
     if prof.op_costs:
         from .probe_ops import render_costs
 
-        parts.append("engine op costs (seconds = call + row x rows + unit x units)\n" + render_costs(prof.op_costs))
+        parts.append("engine op costs (seconds = call + row x rows + unit x units + tail x partial rows)\n"
+                     + render_costs(prof.op_costs))
     parts += [f"saved {result['profile_path']}"]
     return "\n\n".join(parts)
 

@@ -22,6 +22,9 @@ attention          ops.attend (all heads, n cached positions)            call + 
 vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
 =================  ====================================================  ================
 
+The ternary matvecs also fit ``tail x rows`` for matrices whose column count is not a
+multiple of 256: the last, partial segment of every row takes masked loads.
+
 ``row`` is a per-row (per-channel) cost: short rows pay it once per row whatever their
 length, which is why small matrices run far below a kernel's large-shape G ops/s.
 Matvecs are also timed with ``threads`` > 1 through their parallel variants (the engine
@@ -48,18 +51,20 @@ OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
 
 # (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32
 _MATVEC_SHAPES = {
-    "ternary": ((32, 256), (256, 256), (1024, 256), (64, 1024), (512, 1024), (128, 4096), (1024, 2048)),
+    "ternary": ((32, 256), (256, 256), (1024, 256), (64, 1024), (512, 1024), (128, 4096), (1024, 2048),
+                (512, 384), (1536, 384), (256, 640), (768, 1152)),  # the last four: partial segments
     "int8": ((64, 256), (512, 256), (1024, 256), (256, 1024), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (256, 512), (128, 1024)),
 }
 # parallel variants: the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
 _PAR_SHAPES = {
-    "ternary": ((1024, 1024), (2048, 1024), (1024, 2048), (4096, 1024), (512, 4096), (8192, 2048), (2048, 8192)),
+    "ternary": ((1024, 1024), (2048, 1024), (1024, 2048), (4096, 1024), (512, 4096), (8192, 2048), (2048, 8192),
+                (4096, 384), (2048, 640)),
     "int8": ((1024, 1024), (2048, 512), (512, 2048)),
     "fp32": ((1024, 1024), (512, 2048)),
 }
 _QUICK_SHAPES = {
-    "ternary": ((32, 256), (1024, 256), (128, 4096)),
+    "ternary": ((32, 256), (1024, 256), (128, 4096), (1536, 384)),
     "int8": ((64, 256), (1024, 256), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (128, 1024)),
 }
@@ -154,6 +159,7 @@ class OpSample:
     rows: int  # per-row units (rows of a matrix, d_inner x dt_rank of an SSM step; 0 where none)
     units: float  # the per-unit count (weights, d_inner x d_state, n x d_model, length)
     seconds: float  # median seconds per call
+    tails: int = 0  # rows whose last 256-column segment is partial (ternary matvecs)
 
 
 def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generator):
@@ -234,7 +240,8 @@ def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingCon
         run, rows, units = _setup(op, shape, threads, rng)
         t = timed_runs(run, timing, fixed_cost_check=threads > 1)
     per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
-    return OpSample(op, threads, rows, units, per_call["median"])
+    tails = rows if op in ("ternary_matvec", "ternary_stream") and shape[1] % 256 else 0
+    return OpSample(op, threads, rows, units, per_call["median"], tails)
 
 
 # ---- fitting -------------------------------------------------------------------------------
@@ -265,15 +272,18 @@ def fit_cost(samples: list[OpSample]) -> OpCost:
     if any(s.op != op or s.threads != threads for s in samples):
         raise ValueError("fit_cost needs samples of one op and thread count")
     has_rows = any(s.rows for s in samples)
-    cols = [[1.0, float(s.rows), s.units] if has_rows else [1.0, s.units] for s in samples]
-    A = np.array(cols) / np.array([[s.seconds] for s in samples])
-    x = nnls(A, np.ones(len(samples)))
-    call, row, unit = (x[0], x[1], x[2]) if has_rows else (x[0], 0.0, x[1])
-    pred = np.array([call + row * s.rows + unit * s.units for s in samples])
+    has_tails = any(s.tails for s in samples)
+    cols = [[1.0, float(s.rows) if has_rows else 0.0, s.units, float(s.tails)] for s in samples]
+    keep = [0, 1, 2, 3] if has_rows and has_tails else [0, 1, 2] if has_rows else [0, 2]
+    A = np.array(cols)[:, keep] / np.array([[s.seconds] for s in samples])
+    x = np.zeros(4)
+    x[keep] = nnls(A, np.ones(len(samples)))
+    call, row, unit, tail = (float(v) for v in x)
+    pred = np.array([call + row * s.rows + unit * s.units + tail * s.tails for s in samples])
     meas = np.array([s.seconds for s in samples])
     err = float(np.max(np.abs(pred / meas - 1)))
-    return OpCost(op=op, threads=threads, call_s=float(call), row_s=float(row), unit_s=float(unit),
-                  samples=len(samples), max_rel_err=err)
+    return OpCost(op=op, threads=threads, call_s=call, row_s=row, unit_s=unit,
+                  samples=len(samples), max_rel_err=err, tail_s=tail)
 
 
 def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
@@ -291,8 +301,8 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
 
 
 def render_costs(costs: list[OpCost]) -> str:
-    lines = [f"{'op':<15} {'thr':>3} {'call us':>8} {'row ns':>8} {'unit ps':>8} {'fit err':>8}"]
+    lines = [f"{'op':<15} {'thr':>3} {'call us':>8} {'row ns':>8} {'unit ps':>8} {'tail ns':>8} {'fit err':>8}"]
     for c in costs:
         lines.append(f"{c.op:<15} {c.threads:>3} {c.call_s * 1e6:>8.3f} {c.row_s * 1e9:>8.3f} "
-                     f"{c.unit_s * 1e12:>8.2f} {100 * c.max_rel_err:>7.1f}%")
+                     f"{c.unit_s * 1e12:>8.2f} {c.tail_s * 1e9:>8.3f} {100 * c.max_rel_err:>7.1f}%")
     return "\n".join(lines)

@@ -73,7 +73,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +282,31 @@ def bandwidth_gbps(host: HostProfile, working_set_bytes: float, threads: int = 1
     t = min(avail, key=lambda a: (abs(a - threads), -a))
     right = [p.gbps_median for p in host.curve(t) if p.working_set_bytes >= working_set_bytes]
     return max([bw, *right])
+
+
+def with_dram_bandwidth(host: HostProfile, threads: int, gbps: float) -> HostProfile:
+    """``host`` with the beyond-LLC part of its read curve at ``threads`` scaled so that its
+    largest working set reads ``gbps``: a DRAM figure measured again beside a decode run
+    (on shared VMs the DRAM bandwidth moves between regimes over minutes, so the probe's
+    figure can be stale by the time a model runs). Cache-resident points are kept."""
+    if not (gbps > 0 and math.isfinite(gbps)):
+        raise ValueError(f"gbps must be a positive number, got {gbps!r}")
+    avail = host.thread_counts()
+    if not avail:
+        raise ValueError(f"host profile {host.label!r} has no read-bandwidth curve")
+    t = min(avail, key=lambda a: (abs(a - threads), -a))
+    llc = llc_capacity_bytes(host, t)
+    far = host.curve(t)[-1]
+    f = gbps / far.gbps_median
+
+    def scaled(p: BandwidthPoint) -> BandwidthPoint:
+        if p.kernel != "read" or p.threads != t or p.working_set_bytes <= llc:
+            return p
+        return replace(p, gbps_best=p.gbps_best * f, gbps_median=p.gbps_median * f,
+                       gbps_min=None if p.gbps_min is None else p.gbps_min * f,
+                       runs_gbps=tuple(g * f for g in p.runs_gbps))
+
+    return replace(host, bandwidth=tuple(scaled(p) for p in host.bandwidth))
 
 
 def kernel_gops_for(host: HostProfile, fmt: str, threads: int = 1) -> float | None:

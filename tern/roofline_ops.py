@@ -41,14 +41,16 @@ PAR_SUFFIX = "@par"  # work key of a matvec split over threads (costed at the th
 # "op@ep<k>" is costed at 1 thread and divided by k / ceil(k / threads)
 EP_SUFFIX = "@ep"
 
-Work = dict[str, list[float]]  # op (+ PAR_SUFFIX) -> [calls, rows, units]
+Work = dict[str, list[float]]  # op key -> [calls, rows, units, rows with a partial last segment]
+SEGMENT_COLS = 256  # columns per segment of the ternary2 layout (tern.engine.packing)
 
 
-def _add(work: Work, op: str, calls: float, rows: float, units: float) -> None:
-    w = work.setdefault(op, [0.0, 0.0, 0.0])
+def _add(work: Work, op: str, calls: float, rows: float, units: float, tails: float = 0.0) -> None:
+    w = work.setdefault(op, [0.0, 0.0, 0.0, 0.0])
     w[0] += calls
     w[1] += rows
     w[2] += units
+    w[3] += tails
 
 
 # ops priced with another op's cost when a profile predates them (same kernel family)
@@ -105,7 +107,8 @@ def experts_parallel(cfg: ModelConfig) -> int:
 
 
 def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0) -> None:
-    _add(work, _key(_matvec_op(fmt, cols, stream_rb), rows * cols, ep), n, n * rows, n * rows * cols)
+    tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
+    _add(work, _key(_matvec_op(fmt, cols, stream_rb), rows * cols, ep), n, n * rows, n * rows * cols, tails)
 
 
 def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, stream_rb: int = 0,
@@ -172,14 +175,14 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
     HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any
     op in it."""
     out: dict[str, float] = {}
-    for key, (calls, rows, units) in work.items():
+    for key, (calls, rows, units, tails) in work.items():
         op, t, divisor = parse_key(key, threads)
         cost = op_cost_for(host.op_costs, op, t)
         if cost is None and op in COST_FALLBACK:
             cost = op_cost_for(host.op_costs, COST_FALLBACK[op], t)
         if cost is None:
             return None
-        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units) / divisor
+        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units, tails) / divisor
     return out
 
 

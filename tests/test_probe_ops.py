@@ -26,6 +26,19 @@ def test_fit_recovers_known_costs():
     assert c.max_rel_err < 1e-9
 
 
+def test_fit_recovers_the_partial_segment_cost():
+    shapes = [(32, 8192, 0), (256, 65536, 0), (1024, 262144, 0), (512, 196608, 512), (1536, 589824, 1536),
+              (256, 163840, 256)]
+    samples = [po.OpSample("ternary_matvec", 1, r, u, 1e-7 + 2e-9 * r + 6e-12 * u + 3e-9 * t, t)
+               for r, u, t in shapes]
+    c = po.fit_cost(samples)
+    assert c.tail_s == pytest.approx(3e-9, rel=1e-6) and c.row_s == pytest.approx(2e-9, rel=1e-6)
+    assert c.seconds(1, 100, 1000, 100) == pytest.approx(1e-7 + 2e-7 + 6e-9 + 3e-7)
+    # time_op counts the tail rows of a shape with a partial last segment, and only those
+    assert po.time_op("ternary_matvec", (8, 384), timing=FAST).tails == 8
+    assert po.time_op("ternary_matvec", (8, 512), timing=FAST).tails == 0
+
+
 def test_fit_without_rows_and_non_negative():
     c = po.fit_cost(_samples("vector", 5e-8, 0.0, 2e-9, [(0, 128), (0, 512), (0, 2048)]))
     assert c.row_s == 0.0 and c.unit_s == pytest.approx(2e-9) and c.call_s == pytest.approx(5e-8)

@@ -331,3 +331,18 @@ def test_cli_predict_json_and_table(capsys):
     assert main(["predict", "--config", "sandbox", "--reference"]) == 0
     assert "tok/s" in capsys.readouterr().out
     assert main(["predict", "--config", "nope", "--reference"]) == 2
+
+
+def test_with_dram_bandwidth_rescales_only_the_dram_part():
+    from tern.roofline import bandwidth_gbps, llc_capacity_bytes, with_dram_bandwidth
+
+    host = synthetic_profile(32 << 20, 100.0, 20.0)
+    far = max(p.working_set_bytes for p in host.curve(1))
+    now = with_dram_bandwidth(host, 1, 40.0)
+    assert bandwidth_gbps(now, far, 1) == pytest.approx(40.0)
+    small = llc_capacity_bytes(host) // 4
+    assert bandwidth_gbps(now, small, 1) == pytest.approx(bandwidth_gbps(host, small, 1))
+    big = PRESETS["10b"]  # gigabytes: DRAM-bound
+    assert predict(big, now).tok_per_s > 1.5 * predict(big, host).tok_per_s
+    with pytest.raises(ValueError, match="gbps"):
+        with_dram_bandwidth(host, 1, 0.0)

@@ -187,3 +187,11 @@ def test_stream_cost_falls_back_to_the_matvec_cost():
     res, _, _, _ = work_inventory(cfg, None, 1 << 10)
     host = dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0), op_costs=_costs())  # no ternary_stream
     assert work_seconds(res, host) is not None
+
+
+def test_inventory_counts_rows_with_a_partial_segment():
+    res, _, _, _ = work_inventory(load_config("105m"))  # d_model 384: 256 + a 128-column tail
+    t = res["ternary_matvec"]
+    assert 0 < t[3] < t[1]  # in_proj rows (cols 384) have tails; out_proj rows (cols 768) do not
+    res, _, _, _ = work_inventory(load_config("sandbox"))  # d_model 256, d_inner 512: none
+    assert all(v[3] == 0 for v in res.values())
