@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from .engine.cache_guard import drop_stale_cache
 from .host_profile import OpCost
 from .probe_bandwidth import numba_threads
 from .probe_timing import TimingConfig, timed_runs
@@ -137,8 +138,14 @@ def _drivers():
             s += quantize_act(xn, xq, np.float32(1e-5))
         return s
 
+    # the cached drivers embed the engine's kernels: drop them when those files changed
+    drop_stale_cache(__file__, _DRIVER_DEPS, ternary)
     return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector}
+
+
+_DRIVER_DEPS = tuple(f"engine/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
+                                              "kernels_dense.py")) + ("fastmath.py",)
 
 
 _DRIVERS: dict[str, Callable] | None = None

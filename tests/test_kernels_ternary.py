@@ -19,7 +19,8 @@ def _host_isas_list():
 
 
 
-SHAPES = [(1, 1), (1, 300), (3, 5), (7, 64), (5, 255), (4, 256), (9, 257), (33, 700), (17, 1100), (64, 4096)]
+SHAPES = [(1, 1), (1, 300), (3, 5), (7, 64), (5, 255), (4, 256), (9, 257), (33, 700), (17, 1100), (64, 4096),
+          (5, 128), (9, 384), (6, 640)]  # the last three: a last segment of exactly 128 columns
 
 
 def _problem(rows, cols, seed, p_zero_act=0.0):
@@ -265,7 +266,8 @@ def test_row_dot_every_isa_path(isa):
             for i in range(4):
                 out4[r + i] = s[i]
 
-    for rows, cols in [(4, 1), (4, 63), (8, 64), (5, 255), (4, 256), (7, 257), (2, 511), (6, 1100)]:
+    for rows, cols in [(4, 1), (4, 63), (8, 64), (5, 255), (4, 256), (7, 257), (2, 511), (6, 1100), (4, 128), (5, 384),
+                       (8, 640)]:  # 128 / 384 / 640: the unmasked 128-column last segment
         wt, _, xq, _ = _problem(rows, cols, seed=rows * cols)
         outs = [np.zeros(rows, dtype=np.int64) for _ in range(3)]
         dots(P.pack_ternary2(wt), xq, *outs)

@@ -20,6 +20,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from .cache_guard import drop_stale_cache
 from .packing import unpack_ternary2
 from .simd import popcount64
 
@@ -94,3 +95,7 @@ def ternary_matvec_bitplane_par(planes, row_scale, xq, x_scale, out):
     rows = planes.shape[0]
     for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
         _rows_bitplane(planes, row_scale, x, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+
+
+# numba cache hygiene: the cached kernels above embed tern.engine.simd's intrinsics
+drop_stale_cache(__file__, ("simd.py",), act_planes)

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from .cache_guard import drop_stale_cache
 from .packing import unpack_ternary2
 from .simd import HAS_VBMI, LUT_ROWS, lut_tile
 
@@ -175,3 +176,7 @@ if HAS_VBMI:
 else:
     prepare_lut, ternary_matvec_lut, ternary_matvec_lut_par = (
         to_lut81, ternary_matvec_lut_plain, ternary_matvec_lut_plain_par)
+
+
+# numba cache hygiene: the cached kernels above embed tern.engine.simd's intrinsics
+drop_stale_cache(__file__, ("simd.py",), build_tables)

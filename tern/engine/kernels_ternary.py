@@ -19,6 +19,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from .cache_guard import drop_stale_cache
 from .simd import (
     ROW_DOT_ISA,
     ROWS_PER_DOT,
@@ -417,3 +418,7 @@ def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_sc
     """numpy reference: exact int64 sums of ``wt`` (rows, cols) int8 times ``xq``, then the 2 scales."""
     acc = wt.astype(np.int64) @ xq.astype(np.int64)  # (rows,)
     return row_scale * np.float32(x_scale) * acc.astype(np.float32)
+
+
+# numba cache hygiene: the cached kernels above embed tern.engine.simd's intrinsics
+drop_stale_cache(__file__, ("simd.py",), act_sum)

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from ..fastmath import fexp_nonpos
+from .cache_guard import drop_stale_cache
 from .kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from .kernels_ternary import (
     ternary_matvec,
@@ -667,43 +668,6 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
     pos[0] += 1
 
 
-# ---- numba cache hygiene ---------------------------------------------------------------------
-# numba's on-disk cache of this module is keyed on this file only, yet the kernels it calls
-# (other files) are compiled into it: after a kernel file changes, the cached per-token code
-# would still run the old kernels. Drop this module's cache entries when any dependency's
-# content changed since they were written.
+# ---- numba cache hygiene (tern.engine.cache_guard) ------------------------------------------
 _DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "../fastmath.py")
-
-
-def _drop_stale_cache() -> None:
-    import hashlib
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for d in _DEPS:
-        try:
-            h.update((here / d).read_bytes())
-        except OSError:
-            h.update(d.encode())
-    stamp = h.hexdigest()
-    try:
-        cache_dir = Path(token_step._cache._cache_path)  # numba's FunctionCache location
-    except AttributeError:  # pragma: no cover - numba internals moved: nothing to guard
-        return
-    marker = cache_dir / f"{Path(__file__).stem}.deps"
-    try:
-        if marker.read_text() == stamp:
-            return
-    except OSError:
-        pass
-    try:
-        for f in cache_dir.glob(f"{Path(__file__).stem}.*.nb[ic]"):
-            f.unlink()
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(stamp)
-    except OSError:  # read-only install: numba then caches elsewhere or not at all
-        pass
-
-
-_drop_stale_cache()
+drop_stale_cache(__file__, _DEPS, token_step)

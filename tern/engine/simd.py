@@ -179,9 +179,38 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows):
         i = loop.index
         segment(builder.mul(i, ir.Constant(_I64, SEG_BYTES)), builder.mul(i, ir.Constant(_I64, 4 * SEG_BYTES)),
                 ir.Constant(_I64, SEG_BYTES), False)
+    def half_tail(seg_byte, seg_q):
+        """The last segment when it is exactly 128 columns (32 bytes: d_model 384, 640, ...):
+        plain 32-byte loads and 256-bit dot products (single-pumped where 512-bit ones are
+        split in two), summed into each row's first accumulator — no masks."""
+        v32 = ir.VectorType(_I8, 32)
+        pvs = [_load_vec(builder, rb, seg_byte, v32) for rb in row_bases]
+        tails = [ir.Constant(_V8I32, None) for _ in row_bases]
+        for k in range(4):
+            q = _load_vec(builder, qbase, builder.add(seg_q, ir.Constant(_I64, 32 * k)), v32)
+            for i, pv in enumerate(pvs):
+                c = _codes(builder, pv, k, v32)
+                if isa == "avx512vnni":
+                    fn = _fn(builder.module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
+                    tails[i] = builder.call(fn, [tails[i], builder.bitcast(c, _V8I32), builder.bitcast(q, _V8I32)])
+                else:  # avx512bw / avx2: vpmaddubsw + vpmaddwd on 256 bits
+                    tails[i] = _dot_step(builder, "avx2", tails[i], c, q)
+        for i, t in enumerate(tails):
+            if width == 64:  # widen to the 16-lane accumulator (upper lanes 0)
+                t = builder.shuffle_vector(t, ir.Constant(_V8I32, [0] * 8),
+                                           ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+            a = accs[i][0]
+            builder.store(builder.add(builder.load(a), t), a)
+
     with builder.if_then(builder.icmp_signed(">", gtail, ir.Constant(_I64, 0))):
-        segment(builder.mul(nfull, ir.Constant(_I64, SEG_BYTES)), builder.mul(nfull, ir.Constant(_I64, 4 * SEG_BYTES)),
-                gtail, True)
+        seg_byte = builder.mul(nfull, ir.Constant(_I64, SEG_BYTES))
+        seg_q = builder.mul(nfull, ir.Constant(_I64, 4 * SEG_BYTES))
+        exact128 = builder.icmp_signed("==", builder.sub(ncols, seg_q), ir.Constant(_I64, 128))
+        with builder.if_else(exact128) as (fast, general):
+            with fast:
+                half_tail(seg_byte, seg_q)
+            with general:
+                segment(seg_byte, seg_q, gtail, True)
     red = _fn(builder.module, f"llvm.vector.reduce.add.v{vacc.count}i32", _I32, [vacc])
     sums = []
     for row in accs:
