@@ -317,3 +317,27 @@ def test_ternary_matvec_checked():
         K.ternary_matvec_checked(P.pack_ternary2(wt), rs, xq[:200].copy(), xs)
     with pytest.raises(ValueError, match="C-contiguous"):
         K.ternary_matvec_checked(P.pack_ternary2(wt), rs, np.repeat(xq, 2)[::2], xs)
+
+
+def test_cache_guard_drops_entries_when_a_dependency_changes(tmp_path):
+    from types import SimpleNamespace
+
+    from tern.engine.cache_guard import drop_stale_cache
+
+    mod, dep, cache = tmp_path / "mod.py", tmp_path / "dep.py", tmp_path / "__pycache__"
+    mod.write_text("x = 1\n")
+    dep.write_text("a = 1\n")
+    cache.mkdir()
+    fn = SimpleNamespace(_cache=SimpleNamespace(_cache_path=str(cache)))
+    entry = cache / "mod.f-1.py311.nbi"
+    entry.write_text("old")
+    assert drop_stale_cache(str(mod), ("dep.py",), fn) and not entry.exists()  # no marker yet
+    entry.write_text("new")
+    assert not drop_stale_cache(str(mod), ("dep.py",), fn) and entry.exists()  # same deps: kept
+    dep.write_text("a = 2\n")
+    assert drop_stale_cache(str(mod), ("dep.py",), fn) and not entry.exists()  # changed: dropped
+    other = cache / "other.f-1.py311.nbi"  # another module's entries are never touched
+    other.write_text("x")
+    dep.write_text("a = 3\n")
+    drop_stale_cache(str(mod), ("dep.py",), fn)
+    assert other.exists()
