@@ -269,7 +269,7 @@ def train_with_extra_loss(model_cfg, train_cfg, data, extra, alpha: float, *, te
     """run_training's single-process loop with loss = (1 − α)·CE + α·extra(x, logits) +
     the MoE balance / z losses. ``teacher`` (a module) is moved to the training device."""
     from .model import build_model
-    from .train import _device, _evaluate, _param_groups
+    from .train import _device, _evaluate, _param_groups, cpu_training_mode
     from .train_config import schedule
 
     tc = train_cfg
@@ -280,10 +280,7 @@ def train_with_extra_loss(model_cfg, train_cfg, data, extra, alpha: float, *, te
     dev = _device(tc, 0)
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    det_before = torch.are_deterministic_algorithms_enabled()
-    if dev.type == "cpu":
-        torch.use_deterministic_algorithms(True)
-    try:
+    with cpu_training_mode(tc, dev):
         torch.manual_seed(tc.seed)
         model = build_model(model_cfg, seed=tc.seed).to(dev)
         for layer in model.layers:
@@ -342,5 +339,3 @@ def train_with_extra_loss(model_cfg, train_cfg, data, extra, alpha: float, *, te
                 "val_tokens": ev.get("tokens"), "val_bytes": ev.get("bytes"),
                 "sparsity": model.sparsity(), "expert_load": model.expert_load(),
                 "device": str(dev), "wall_s": time.perf_counter() - t_start}
-    finally:
-        torch.use_deterministic_algorithms(det_before)

@@ -160,13 +160,30 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | 
             import numba
 
             numba.set_num_threads(min(tc.threads, numba.config.NUMBA_NUM_THREADS))
+    with cpu_training_mode(tc, dev):
+        return _train(model_cfg, tc, out, progress, data, resume, stop_at_step, rank, world, dev)
+
+
+@contextlib.contextmanager
+def cpu_training_mode(tc: TrainConfig, dev: torch.device):
+    """On CPU: deterministic algorithms, without the NaN fill of every fresh tensor that
+    torch adds in that mode (~2 % of a sandbox step; every kernel here writes all of its
+    outputs), and BitLinear forwards in ``tc.cpu_matmul``. All restored on exit."""
+    from torch.utils import deterministic
+
+    from .model.ternary import matmul_mode
+
     det_before = torch.are_deterministic_algorithms_enabled()
+    fill_before = deterministic.fill_uninitialized_memory
     if dev.type == "cpu":
         torch.use_deterministic_algorithms(True)
+        deterministic.fill_uninitialized_memory = False
     try:
-        return _train(model_cfg, tc, out, progress, data, resume, stop_at_step, rank, world, dev)
+        with matmul_mode(tc.cpu_matmul):
+            yield
     finally:
         torch.use_deterministic_algorithms(det_before)
+        deterministic.fill_uninitialized_memory = fill_before
 
 
 def _train(mcfg, tc, out, progress, data, resume, stop_at_step, rank, world, dev):

@@ -10,6 +10,7 @@ from typing import Any
 
 SCHEDULES = ("cosine", "two_stage", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+CPU_MATMULS = ("int8", "fp32")  # BitLinear forward products in CPU training (tern.model.ternary)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class TrainConfig:
     Periodic validation (every ``eval_every`` steps, 0: never) uses the first
     ``eval_tokens`` tokens of the validation split; the final one uses ``final_eval_tokens``
     (0: the full split). ``balance_weight`` and ``z_weight`` scale the MoE losses.
+    ``cpu_matmul`` (CPU float32 training): "int8" computes BitLinear forward products
+    exactly from the int8 codes (``torch._int_mm``), "fp32" multiplies the dequantized
+    operands in fp32; both have the same fp32 straight-through backward
+    (``tern.model.ternary``).
     """
 
     steps: int = 0
@@ -58,6 +63,7 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 0  # steps between checkpoints (0: only at the end)
     scan_impl: str = "auto"  # "auto" | "numba" | "torch"
+    cpu_matmul: str = "int8"  # "int8" | "fp32"
 
     def __post_init__(self) -> None:
         errors = []
@@ -85,6 +91,7 @@ class TrainConfig:
         check("schedule", self.schedule in SCHEDULES, f"one of {SCHEDULES}")
         check("device", self.device in DEVICES, f"one of {DEVICES}")
         check("scan_impl", self.scan_impl in ("auto", "numba", "torch"), "'auto', 'numba' or 'torch'")
+        check("cpu_matmul", self.cpu_matmul in CPU_MATMULS, f"one of {CPU_MATMULS}")
         check("tokenizer", isinstance(self.tokenizer, str) and self.tokenizer, "a tokenizer name")
         for n in ("amp", "compile"):
             check(n, isinstance(getattr(self, n), bool), "a bool")

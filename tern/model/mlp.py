@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from .ternary import is_ternary, prepare_input, prepare_weight, qmatmul
+from .ternary import Operand, is_ternary, prepare_input, prepare_weight, qmatmul
 
 
 def activation(name: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -55,6 +55,12 @@ def gated_ffn(xin, gate_up, down, hidden: int, act: str, eps: float, training: b
     ``valid`` (bool, the leading shape of the rows) marks real rows for the zero count.
     Returns (..., n, D)."""
     gu = qmatmul(xin, gate_up)  # (..., n, 2H)
+    if training and ternary:
+        from . import ffn_numba
+
+        if ffn_numba.usable(gu):  # CPU: activation and quantization fused, one pass each way
+            v, q, c = ffn_numba.gated_act_quant(gu, act, eps)  # (..., n, H), ..., (..., n, 1)
+            return qmatmul(Operand(v, None, q, c), down)  # (n, D)
     h = activation(act, gu[..., :hidden], gu[..., hidden:])  # (..., n, H)
     if stats is not None and not training:  # measured in eval passes: no per-step cost
         stats.add(h if valid is None else h[valid])

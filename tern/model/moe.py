@@ -8,7 +8,8 @@ Dropless: every token reaches all of its k experts. Dispatch sorts the (token, e
 assignments by expert; the experts then run either as batched matmuls over (E, cap, D)
 (cap = the busiest expert's count, padding rows dropped) or, when padding would add more
 than half the rows (imbalanced routing), one matmul pair per expert on its contiguous
-slice. The input quantization (per token) is shared by all experts. Training adds a Switch-style
+slice. The input quantization (per token) is shared by all experts; the weighted sum of
+each token's k outputs is one fused kernel on CPU (``moe_numba``). Training adds a Switch-style
 balance loss ``E * sum_e f_e P_e`` (f_e: share of assignments, P_e: mean router
 probability) and the router z-loss ``mean(logsumexp(logits)**2)``.
 """
@@ -20,7 +21,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .mlp import ZeroStats, gated_ffn
-from .ternary import is_ternary, prepare_input, prepare_weight
+from .ternary import Operand, is_ternary, prepare_input, prepare_weight
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -32,9 +33,17 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor,
     return p, top, pt / pt.sum(-1, keepdim=True)
 
 
-def _pick(prepared: tuple[torch.Tensor, torch.Tensor | None], i: int):
-    w, s = prepared
-    return w[i], (s[i] if s is not None else None)
+def _combine(y_sorted: torch.Tensor, w: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """sum_j w[t, j] * (expert output of assignment (t, j)): y_sorted (n*k, D) in sorted
+    order, w (n, k), order (n*k,) the flat assignment of each sorted row -> (n, D).
+    Fused numba kernels on CPU float32 (``moe_numba``), torch ops elsewhere."""
+    from . import moe_numba
+
+    if moe_numba.usable(y_sorted, w):
+        return moe_numba.combine(y_sorted, w, order)
+    n, k = w.shape
+    y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
+    return (w.unsqueeze(-1) * y).sum(1)
 
 
 class _Stacked(nn.Module):
@@ -47,7 +56,7 @@ class _Stacked(nn.Module):
         self.up = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
         self.down = nn.Parameter(torch.randn(n, d_model, hidden) * out_std)
 
-    def prepared(self, training: bool):
+    def prepared(self, training: bool) -> tuple[Operand, Operand]:
         gate_up = prepare_weight(torch.cat([self.gate, self.up], 1), training, self.ternary)  # (E, 2H, D)
         return gate_up, prepare_weight(self.down, training, self.ternary)  # (E, D, H)
 
@@ -102,33 +111,27 @@ class MoE(nn.Module):
     def _experts_loop(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
         """One gated FFN per expert on its contiguous slice. split / unbind (not indexing):
         their backward is one cat / stack, not a zero-filled full-size gradient per expert."""
-        E = self.n_experts
-        x_e = torch.split(xs[0], counts)  # E x (n_e, D)
-        a_e = torch.split(xs[1], counts) if xs[1] is not None else [None] * E
-        (gu_w, gu_s), (dn_w, dn_s) = self.experts.prepared(tr)
-        gu_w, dn_w = gu_w.unbind(0), dn_w.unbind(0)  # E x (2H, D), E x (D, H)
-        gu_s = gu_s.unbind(0) if gu_s is not None else [None] * E
-        dn_s = dn_s.unbind(0) if dn_s is not None else [None] * E
-        ys = [gated_ffn((x_e[e], a_e[e]), (gu_w[e], gu_s[e]), (dn_w[e], dn_s[e]), self.hidden,
-                        self.act, self.eps, tr, et, self.stats)
+        x_e = xs.parts(lambda t: torch.split(t, counts))  # E x (n_e, D)
+        gu, dn = (w.parts(lambda t: t.unbind(0)) for w in self.experts.prepared(tr))  # E x (2H, D), (D, H)
+        ys = [gated_ffn(x_e[e], gu[e], dn[e], self.hidden, self.act, self.eps, tr, et, self.stats)
               for e, c in enumerate(counts) if c]
         return torch.cat(ys, 0)  # (n*k, D)
 
     def _experts_padded(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
         """All experts in batched matmuls over (E, cap, D), cap = the largest expert's
         token count; padding rows are zero and dropped afterwards (dropless)."""
-        E, dev = self.n_experts, xs[0].device
+        E, dev = self.n_experts, xs.values.device
         cap = max(counts)
         cnt = torch.tensor(counts, device=dev)  # (E,)
         ar = torch.arange(cap, device=dev)  # (cap,)
         valid = ar.unsqueeze(0) < cnt.unsqueeze(1)  # (E, cap)
         pos = (torch.cumsum(cnt, 0) - cnt).unsqueeze(1) + ar.unsqueeze(0)  # (E, cap) sorted row
         pos = torch.where(valid, pos, torch.zeros_like(pos)).flatten()  # padding reads row 0 ...
-        m = valid.flatten().unsqueeze(1).to(xs[0].dtype)  # ... and is zeroed
-        xp = (xs[0].index_select(0, pos) * m).view(E, cap, -1)  # (E, cap, D)
-        ap = (xs[1].index_select(0, pos).view(E, cap, 1) if xs[1] is not None else None)
-        gu, down = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H)
-        y = gated_ffn((xp, ap), gu, down, self.hidden, self.act, self.eps, tr, et, self.stats,
+        m = valid.flatten().unsqueeze(1).to(xs.values.dtype)  # ... and is zeroed
+        xp = (xs.values.index_select(0, pos) * m).view(E, cap, -1)  # (E, cap, D)
+        ap = (xs.scale.index_select(0, pos).view(E, cap, 1) if xs.scale is not None else None)
+        gu, down = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H): batched fp32 products
+        y = gated_ffn(Operand(xp, ap), gu, down, self.hidden, self.act, self.eps, tr, et, self.stats,
                       valid=valid)  # (E, cap, D)
         return y[valid]  # (n*k, D) in sorted order
 
@@ -145,17 +148,16 @@ class MoE(nn.Module):
         if self.n_shared:
             st = self.shared.ternary
             s_in = xin if st == et else prepare_input(x2, self.eps, tr, st)
-            s_gu, s_down = self.shared.prepared(tr)
+            s_gu, s_down = (w.parts(lambda t: t.unbind(0)) for w in self.shared.prepared(tr))
             for s in range(self.n_shared):
-                out = out + gated_ffn(s_in, _pick(s_gu, s), _pick(s_down, s), self.shared_hidden,
-                                      self.act, self.eps, tr, st, self.shared_stats)
+                out = out + gated_ffn(s_in, s_gu[s], s_down[s], self.shared_hidden, self.act, self.eps,
+                                      tr, st, self.shared_stats)
         # dispatch: assignments sorted by expert (stable: token order kept inside an expert)
         flat = top.flatten()  # (n*k,)
         order = torch.sort(flat, stable=True).indices  # (n*k,)
         tok = order // k  # token of each sorted assignment
         counts = torch.bincount(flat, minlength=E).tolist()
-        xs = (xin[0].index_select(0, tok),  # (n*k, D) sorted by expert
-              xin[1].index_select(0, tok) if xin[1] is not None else None)
+        xs = xin.map(lambda t: t.index_select(0, tok))  # (n*k, D) sorted by expert
         if self.dispatch == "auto":  # CPU: the loop (measured faster at every balance); GPU: batched
             padded = x2.is_cuda and max(counts) * E <= 1.5 * n * k  # unless padding adds > 50 % rows
         else:
@@ -164,8 +166,7 @@ class MoE(nn.Module):
             y_sorted = self._experts_padded(xs, counts, tr, et)
         else:
             y_sorted = self._experts_loop(xs, counts, tr, et)  # (n*k, D)
-        y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
-        out = out + (w.unsqueeze(-1) * y).sum(1)  # (n, D)
+        out = out + _combine(y_sorted, w, order)  # (n, D)
         if tr:
             f = torch.tensor(counts, dtype=p.dtype, device=p.device) / (n * k)  # (E,) share of assignments
             self.aux = {"balance": E * (f * p.mean(0)).sum(),

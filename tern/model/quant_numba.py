@@ -24,20 +24,23 @@ _MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: (v + M) - M rounds |v| < 2**22 h
 
 
 @njit(fastmath=_NOREASSOC, cache=True)
-def _round_rows(x, k, scale, lo, hi, out, r):
-    # out[r] = rint(clamp(x[r] * k[r], lo, hi)) * scale[r]  (vectorisable, unlike np.rint)
+def _round_rows(x, k, scale, lo, hi, out, codes, r):
+    # codes[r] = rint(clamp(x[r] * k[r], lo, hi)) (int8), out[r] = codes[r] * scale[r]
+    # (vectorisable, unlike np.rint)
     kr, sr = k[r], scale[r]
     for c in range(x.shape[1]):
         v = min(max(x[r, c] * kr, lo), hi)
-        out[r, c] = ((v + _MAGIC) - _MAGIC) * sr
+        q = (v + _MAGIC) - _MAGIC
+        codes[r, c] = np.int8(q)
+        out[r, c] = q * sr
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _wquant(w, out):
-    # w, out: (R, C); per row: s = max(mean|w|, 1e-8); out = clamp(rint(w / s), -1, 1) * s
+def _wquant(w, out, codes, scale):
+    # w, out, codes: (R, C); scale: (R,). Per row: s = max(mean|w|, 1e-8);
+    # codes = clamp(rint(w / s), -1, 1); out = codes * s
     rows, cols = w.shape
     k = np.empty(rows, np.float32)
-    scale = np.empty(rows, np.float32)
     for r in prange(rows):
         acc = np.float32(0.0)
         for c in range(cols):
@@ -45,42 +48,65 @@ def _wquant(w, out):
         s = max(acc / np.float32(cols), np.float32(1e-8))
         k[r] = np.float32(1.0) / s
         scale[r] = s
-        _round_rows(w, k, scale, np.float32(-1.0), np.float32(1.0), out, r)
+        _round_rows(w, k, scale, np.float32(-1.0), np.float32(1.0), out, codes, r)
+
+
+@njit(fastmath=True, cache=True)
+def _int8_row(x, eps, out, den, codes, scale, k, r):
+    # row r of x: den = sqrt(mean(x**2) + eps); codes = int8 of x / den; scale = a / 127;
+    # out = codes * scale (dequantized). Multiplies by reciprocals (training only: the eval
+    # path in ternary.py is literal).
+    cols = x.shape[1]
+    ss = np.float32(0.0)
+    mx = np.float32(0.0)
+    for c in range(cols):
+        ss += x[r, c] * x[r, c]
+        mx = max(mx, abs(x[r, c]))
+    d = np.sqrt(ss / np.float32(cols) + eps)
+    den[r] = d
+    a = max(mx / d, np.float32(1e-5))  # max |u|
+    k[r] = np.float32(127.0) / (a * d)  # x -> u * 127 / a
+    scale[r] = a / np.float32(127.0)
+    _round_rows(x, k, scale, np.float32(-127.0), np.float32(127.0), out, codes, r)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _aquant(x, eps, out, den):
-    # x, out: (R, C); den: (R,) = sqrt(mean(x**2) + eps); out = dequantized int8 of x / den.
-    # Multiplies by reciprocals (training only: the eval path in ternary.py is literal).
-    rows, cols = x.shape
-    k = np.empty(rows, np.float32)
-    scale = np.empty(rows, np.float32)
-    for r in prange(rows):
-        ss = np.float32(0.0)
-        mx = np.float32(0.0)
-        for c in range(cols):
-            ss += x[r, c] * x[r, c]
-            mx = max(mx, abs(x[r, c]))
-        d = np.sqrt(ss / np.float32(cols) + eps)
-        den[r] = d
-        a = max(mx / d, np.float32(1e-5))  # max |u|
-        k[r] = np.float32(127.0) / (a * d)  # x -> u * 127 / a
-        scale[r] = a / np.float32(127.0)
-        _round_rows(x, k, scale, np.float32(-127.0), np.float32(127.0), out, r)
+def _aquant(x, eps, out, den, codes, scale):
+    # x, out, codes: (R, C); den, scale: (R,): every row through _int8_row
+    k = np.empty(x.shape[0], np.float32)
+    for r in prange(x.shape[0]):
+        _int8_row(x, eps, out, den, codes, scale, k, r)
+
+
+@njit(fastmath=True, cache=True)
+def _rms_bwd_row(x, den, g, gx, r):
+    # RMS-norm backward of row r with a straight-through quantizer:
+    # gx = (g - u * mean(g * u)) / den, u = x / den
+    cols = x.shape[1]
+    inv = np.float32(1.0) / den[r]
+    dot = np.float32(0.0)
+    for c in range(cols):
+        dot += g[r, c] * x[r, c]
+    m = dot * inv / np.float32(cols)  # mean(g * u)
+    for c in range(cols):
+        gx[r, c] = (g[r, c] - x[r, c] * inv * m) * inv
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _aquant_bwd(x, den, g, gx):
-    # RMS-norm backward with a straight-through quantizer: gx = (g - u * mean(g * u)) / den
-    rows, cols = x.shape
+    for r in prange(x.shape[0]):
+        _rms_bwd_row(x, den, g, gx, r)
+
+
+@njit(parallel=True, fastmath=_NOREASSOC, cache=True)
+def _scale_acc(acc, cx, s, y):
+    # acc: (R, C) int32 integer dot products; cx: (R,) row scales a / 127; s: (C,) weight
+    # row scales. y = (s * cx) * acc, the order of ternary.qmatmul's eval form.
+    rows, cols = acc.shape
     for r in prange(rows):
-        inv = np.float32(1.0) / den[r]
-        dot = np.float32(0.0)
+        cr = cx[r]
         for c in range(cols):
-            dot += g[r, c] * x[r, c]
-        m = dot * inv / np.float32(cols)  # mean(g * u)
-        for c in range(cols):
-            gx[r, c] = (g[r, c] - x[r, c] * inv * m) * inv
+            y[r, c] = (s[c] * cr) * np.float32(acc[r, c])
 
 
 def _rows(t: torch.Tensor) -> np.ndarray:
@@ -91,11 +117,15 @@ class _WeightQ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w):  # noqa: D102
         out = torch.empty(w.shape, dtype=torch.float32)
-        _wquant(_rows(w), out.view(-1, w.shape[-1]).numpy())
-        return out
+        codes = torch.empty(w.shape, dtype=torch.int8)
+        scale = torch.empty(w.shape[:-1] + (1,), dtype=torch.float32)
+        _wquant(_rows(w), out.view(-1, w.shape[-1]).numpy(), codes.view(-1, w.shape[-1]).numpy(),
+                scale.view(-1).numpy())
+        ctx.mark_non_differentiable(codes, scale)
+        return out, codes, scale
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g, _gc, _gs):  # noqa: D102
         return g
 
 
@@ -104,17 +134,43 @@ class _InputQ(torch.autograd.Function):
     def forward(ctx, x, eps):  # noqa: D102
         xr = _rows(x)
         out = torch.empty(x.shape, dtype=torch.float32)
+        codes = torch.empty(x.shape, dtype=torch.int8)
+        scale = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32)
         den = torch.empty(xr.shape[0], dtype=torch.float32)
-        _aquant(xr, np.float32(eps), out.view(-1, x.shape[-1]).numpy(), den.numpy())
+        _aquant(xr, np.float32(eps), out.view(-1, x.shape[-1]).numpy(), den.numpy(),
+                codes.view(-1, x.shape[-1]).numpy(), scale.view(-1).numpy())
         ctx.save_for_backward(x, den)
-        return out
+        ctx.mark_non_differentiable(codes, scale)
+        return out, codes, scale
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g, _gc, _gs):  # noqa: D102
         x, den = ctx.saved_tensors
         gx = torch.empty(x.shape, dtype=torch.float32)
         _aquant_bwd(_rows(x), den.numpy(), _rows(g), gx.view(-1, x.shape[-1]).numpy())
         return gx, None
+
+
+class Int8MatmulSTE(torch.autograd.Function):
+    """y = (s * c) * (q @ Wt.T) from the int8 codes by an exact int32 product
+    (``torch._int_mm``); the backward is the fp32 STE backward of the dequantized product
+    ``x @ w.T`` (x = q * c, w = Wt * s), so the latents get the same gradients."""
+
+    @staticmethod
+    def forward(ctx, x, w, q, c, wt, s):  # noqa: D102
+        # x, q: (n, in); c: (n, 1); w, wt: (out, in); s: (out, 1)
+        acc = torch._int_mm(q, wt.t())  # (n, out) int32, exact while in * 127 < 2**31
+        y = torch.empty(acc.shape, dtype=torch.float32)
+        _scale_acc(acc.numpy(), c.reshape(-1).numpy(), s.reshape(-1).numpy(), y.numpy())
+        ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        x, w = ctx.saved_tensors
+        gx = g.mm(w) if ctx.needs_input_grad[0] else None  # (n, in): autograd's mm backward
+        gw = x.t().mm(g).t() if ctx.needs_input_grad[1] else None  # (out, in)
+        return gx, gw, None, None, None, None
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -122,9 +178,20 @@ def usable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
 
 
-def ste_weight_cpu(w: torch.Tensor) -> torch.Tensor:
+def ste_weight_codes_cpu(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w (..., out, in) -> (Wt * s with STE gradient, Wt int8 (..., out, in), s (..., out, 1))."""
     return _WeightQ.apply(w)
 
 
-def quant_input_cpu(x: torch.Tensor, eps: float) -> torch.Tensor:
+def quant_input_codes_cpu(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (..., in) -> (q * a / 127 with STE rounding and exact RMS-norm gradient,
+    q int8 (..., in), a / 127 (..., 1))."""
     return _InputQ.apply(x, eps)
+
+
+def ste_weight_cpu(w: torch.Tensor) -> torch.Tensor:
+    return ste_weight_codes_cpu(w)[0]
+
+
+def quant_input_cpu(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return quant_input_codes_cpu(x, eps)[0]

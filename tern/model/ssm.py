@@ -4,7 +4,8 @@ Parallel form for training / prompt processing (:meth:`SSMMixer.forward`, chunke
 fused scan from ``scan``) and an O(1)-state one-token form for decoding
 (:meth:`SSMMixer.step`); the two agree to float tolerance.
 Decode state per layer: ``h`` (B, Di, N) fp32 and ``conv`` (B, Di, K-1), the last K-1
-inputs of the causal convolution.
+inputs of the causal convolution. CPU training runs the convolution + SiLU as one fused
+kernel (``conv_numba``).
 """
 
 from __future__ import annotations
@@ -71,11 +72,8 @@ class SSMMixer(nn.Module):
         nb, nt, _ = x.shape
         K = self.d_conv
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, Di) each
-        ut = u.transpose(1, 2)  # (B, Di, T)
-        tail = state["conv"] if state is not None else ut.new_zeros(nb, self.d_inner, K - 1)
-        upad = torch.cat([tail, ut], dim=2)  # (B, Di, K-1+T)
-        uc = F.conv1d(upad, self.conv.weight.unsqueeze(1), self.conv.bias, groups=self.d_inner)
-        uc = F.silu(uc).transpose(1, 2).contiguous()  # (B, T, Di)
+        tail = state["conv"] if state is not None else u.new_zeros(nb, self.d_inner, K - 1)
+        uc = self._conv(u, tail)  # (B, T, Di)
         dt, Bm, Cm = self._proj(uc)
         A = -torch.exp(self.A_log)  # (Di, N)
         h0 = state["h"] if state is not None else None
@@ -86,7 +84,21 @@ class SSMMixer(nn.Module):
         out = self.out_proj(y * F.silu(z))  # (B, T, D)
         if not need_state:
             return out, None
-        return out, {"h": hT.detach(), "conv": upad[:, :, upad.shape[2] - (K - 1):].detach()}
+        last = torch.cat([tail, u.transpose(1, 2)], dim=2)[:, :, nt:]  # (B, Di, K-1) last inputs
+        return out, {"h": hT.detach(), "conv": last.detach()}
+
+    def _conv(self, u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+        """silu(causal depthwise conv) of u (B, T, Di) after the K-1 inputs ``tail``
+        (B, Di, K-1) -> (B, T, Di); fused numba kernels when training on CPU float32 (eval
+        keeps torch's conv1d, whose rounding the one-token step form follows closely)."""
+        from . import conv_numba
+
+        w, bias = self.conv.weight, self.conv.bias
+        if torch.is_grad_enabled() and w.requires_grad and conv_numba.usable(u, tail, w, bias):
+            return conv_numba.causal_conv_silu(u, tail, w, bias)
+        upad = torch.cat([tail, u.transpose(1, 2)], dim=2)  # (B, Di, K-1+T)
+        uc = F.conv1d(upad, w.unsqueeze(1), bias, groups=self.d_inner)
+        return F.silu(uc).transpose(1, 2).contiguous()
 
     def init_state(self, batch: int, device=None) -> dict:
         return {"h": torch.zeros(batch, self.d_inner, self.d_state, device=device),

@@ -15,18 +15,71 @@ estimator for both roundings (the gradient of the quantizer is the identity), so
 latent weights and the normalised input get the gradient of a plain matmul with the
 quantized operands. In eval mode the product is computed literally as an integer dot
 product followed by the two scales, which is what the numba engine does.
+
+CPU training (float32) takes the int8 codes from the fused quantizers (``quant_numba``)
+and, in the default matmul mode "int8", computes the forward product of 2-D operands
+exactly as eval does: ``torch._int_mm`` (int8 x int8 -> int32, VNNI), then
+``(s_r * a / 127) * acc`` (~4x the fp32 matmul rate on AVX-512 VNNI). Its backward is
+the fp32 STE backward of the dequantized product (``g @ (Wt * s)``, ``g.T @ (q * a/127)``),
+bit-identical to mode "fp32", which multiplies the dequantized operands in fp32 (the
+reference: same gradients given the same upstream gradient, forward equal up to fp32
+rounding). Select with :func:`matmul_mode` (``TrainConfig.cpu_matmul``).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..formats import get_format
+from ..train_config import CPU_MATMULS as MATMUL_MODES
 
 WEIGHT_SCALE_MIN = 1e-8
 ACT_SCALE_MIN = 1e-5
 QMAX = 127.0
+_mode = {"matmul": "int8"}
+
+
+@contextlib.contextmanager
+def matmul_mode(mode: str) -> Iterator[None]:
+    """Within the block, CPU training BitLinear forwards use ``mode`` ("int8": exact int8
+    product of the codes, the default; "fp32": dequantized fp32 product)."""
+    if mode not in MATMUL_MODES:
+        raise ValueError(f"matmul mode must be one of {MATMUL_MODES}, got {mode!r}")
+    before = _mode["matmul"]
+    _mode["matmul"] = mode
+    try:
+        yield
+    finally:
+        _mode["matmul"] = before
+
+
+class Operand(NamedTuple):
+    """A prepared BitLinear operand: an input (..., n, in) or a weight (..., out, in).
+
+    values: training: dequantized (straight-through gradient); eval: integer codes as
+    float; full-precision formats: the tensor itself.
+    scale: eval only: a (..., n, 1) or s (..., out, 1).
+    codes, code_scale: CPU float32 training only: int8 codes of ``values`` and their row
+    scales (a / 127 or s), ``values == codes * code_scale`` exactly."""
+
+    values: torch.Tensor
+    scale: torch.Tensor | None = None
+    codes: torch.Tensor | None = None
+    code_scale: torch.Tensor | None = None
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Operand:
+        """``fn`` (a row gather, an index over experts) applied to every tensor."""
+        return Operand(*(fn(t) if t is not None else None for t in self))
+
+    def parts(self, fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]) -> list[Operand]:
+        """``fn`` (split, unbind) applied to every tensor, regrouped into operands."""
+        cut = [fn(t) if t is not None else None for t in self]
+        return [Operand(*(c[i] if c is not None else None for c in cut)) for i in range(len(cut[0]))]
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,41 +147,62 @@ def quant_input(x: torch.Tensor, eps: float) -> torch.Tensor:
     return _STEAct.apply(rms_normalize(x, eps))
 
 
-def prepare_input(x: torch.Tensor, eps: float, training: bool,
-                  ternary: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prepare_input(x: torch.Tensor, eps: float, training: bool, ternary: bool = True) -> Operand:
     """The quantized input of a BitLinear, computed once and shared by every matrix that
     reads the same x (gate and up, all experts of a layer).
 
-    training: (dequantized q * a / 127 with STE, None); eval: (q (..., in) integer codes
-    as float, a (..., 1)); ``ternary=False`` (a full-precision group format): (x, None).
-    Rows can be gathered (MoE dispatch) before :func:`qmatmul`."""
+    training: dequantized q * a / 127 with STE (plus the int8 codes on CPU float32); eval:
+    q (..., in) integer codes as float and a (..., 1); ``ternary=False`` (a full-precision
+    group format): x. Rows can be gathered (MoE dispatch, :meth:`Operand.map`) before
+    :func:`qmatmul`."""
     if not ternary:
-        return x, None
+        return Operand(x)
     if training:
-        return quant_input(x, eps), None
-    return act_int8(rms_normalize(x, eps))
+        from . import quant_numba
+
+        if quant_numba.usable(x):
+            return _codes_operand(quant_numba.quant_input_codes_cpu(x, eps))
+        return Operand(quant_input(x, eps))
+    return Operand(*act_int8(rms_normalize(x, eps)))
 
 
-def prepare_weight(w: torch.Tensor, training: bool,
-                   ternary: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """training: (dequantized Wt * s with STE, None); eval: (Wt, s (..., out, 1));
-    ``ternary=False``: (w, None), a plain full-precision matrix."""
+def prepare_weight(w: torch.Tensor, training: bool, ternary: bool = True) -> Operand:
+    """training: dequantized Wt * s with STE (plus the ternary codes as int8 and s on CPU
+    float32); eval: Wt and s (..., out, 1); ``ternary=False``: w, a plain full-precision
+    matrix."""
     if not ternary:
-        return w, None
+        return Operand(w)
     if training:
-        return quant_weight(w), None
-    return weight_ternary(w)
+        from . import quant_numba
+
+        if quant_numba.usable(w):
+            return _codes_operand(quant_numba.ste_weight_codes_cpu(w))
+        return Operand(quant_weight(w))
+    return Operand(*weight_ternary(w))
 
 
-def qmatmul(xin: tuple[torch.Tensor, torch.Tensor | None],
-            win: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+def _codes_operand(vcs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> Operand:
+    values, codes, code_scale = vcs
+    return Operand(values, None, codes, code_scale)
+
+
+def qmatmul(xin: Operand, win: Operand) -> torch.Tensor:
     """BitLinear product of a prepared input (..., n, in) and a prepared weight (..., out, in)
     (leading axes batch, e.g. experts).
 
     Eval computes the literal inference form: an integer dot product, then the two scales
-    ``s_r * (a / 127) * acc`` (exact in fp32 while in * 127 < 2**24)."""
-    x, a = xin
-    w, s = win
+    ``s_r * (a / 127) * acc`` (exact in fp32 while in * 127 < 2**24). CPU training with
+    codes and a 2-D weight does the same on the int8 codes in matmul mode "int8"."""
+    x, a, xq, xc = xin
+    w, s, wq, wc = win
+    if xq is not None and wq is not None and wq.dim() == 2 and _mode["matmul"] == "int8":
+        from .quant_numba import Int8MatmulSTE
+
+        if x.dim() == 2:
+            return Int8MatmulSTE.apply(x, w, xq, xc, wq, wc)  # (n, out)
+        lead, k = x.shape[:-1], x.shape[-1]
+        y = Int8MatmulSTE.apply(x.reshape(-1, k), w, xq.reshape(-1, k), xc.reshape(-1, 1), wq, wc)
+        return y.view(*lead, w.shape[0])  # (..., out)
     acc = x @ w.transpose(-1, -2)  # (..., out)
     if a is None:
         return acc
