@@ -31,7 +31,7 @@ from .host_profile import HostProfile
 from .records import append_jsonl, read_jsonl, run_metadata
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
-MEASURE_VERSION = 2  # 2: expert-parallel engine (threads > 1); rows of older engines are not reused
+MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
 
 JSON_FIELDS = """\
   records: path of the JSONL file; host: host profile label
