@@ -57,7 +57,10 @@ the pool's bytes take because they come from further out than those timings' dat
 stalls are added, not overlapped: on one core the engine does not hide DRAM latency
 behind its arithmetic (the bare ternary kernel streams a 256 MiB matrix at 59 % of the
 read bandwidth on this kit's 2-core VM, which the sum predicts within a few percent and
-``max`` misses by 40 %). Bytes skipped by the activation skip
+``max`` misses by 40 %). With threads > 1 only the bytes of ops the engine splits over
+threads (large matrices, expert-parallel experts) stream at the thread count's bandwidth;
+the rest one thread reads alone, at one thread's (tern.roofline_ops.parallel_byte_share).
+Bytes skipped by the activation skip
 (tern.roofline_ops.HIDDEN_DENSITY) are not read. Without op costs (an old profile, the
 reference PC) the plain roofline below applies.
 
@@ -80,7 +83,7 @@ from typing import Any
 from .config import ModelConfig, load_config, param_counts
 from .formats import FORMATS, get_format
 from .host_profile import BandwidthPoint, CacheLevel, HostProfile
-from .roofline_ops import work_inventory, work_seconds
+from .roofline_ops import parallel_byte_share, work_inventory, work_seconds
 
 POLICIES = ("reuse", "whole")
 OP_COST_WORKING_SET = 256 * 1024  # bytes: the op costs were timed on data about this size (L2)
@@ -405,13 +408,21 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
     ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
     out = {}
+    eff_1 = calibration(host, 1)[1] if op_model and threads > 1 else eff
+    ref_bw_1 = bandwidth_gbps(host, OP_COST_WORKING_SET, 1) if op_model else 0.0
     for name in ("resident", "streamed"):
         bw = bandwidth_gbps(host, ws[name], threads) * eff
         stall_s = 0.0
         if op_model:
-            mem_s = read[name] / (bw * 1e9)
+            # bytes of ops split over threads stream at the thread count's bandwidth, the
+            # rest at one thread's (one core reads them while the other waits)
+            share = parallel_byte_share(work[name], threads)
+            bw_1 = bandwidth_gbps(host, ws[name], 1) * eff_1
+            stall_s = read[name] * (share * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
+                                    + (1.0 - share) * max(0.0, 1.0 / (bw_1 * 1e9) - 1.0 / (ref_bw_1 * 1e9)))
+            mem_s = read[name] * (share / (bw * 1e9) + (1.0 - share) / (bw_1 * 1e9))
+            bw = read[name] / mem_s / 1e9 if mem_s > 0 else bw  # the effective mix
             comp_s = work_s[name]
-            stall_s = read[name] * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
             time_s = comp_s + stall_s
         else:
             mem_s = nbytes[name] / (bw * 1e9)

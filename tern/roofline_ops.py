@@ -170,6 +170,27 @@ def work_inventory(cfg: ModelConfig, context: int | None = None,
     return res, st, skip_res, skip_st
 
 
+# weight bytes read per unit of each matrix op (units are weights; the others read state)
+WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25,
+                         "int8_matvec": 1.0, "fp32_matvec": 4.0}
+
+
+def parallel_byte_share(work: Work, threads: int) -> float:
+    """Fraction of the weight bytes of ``work`` that ops split over threads read (the rest
+    one thread reads alone, at one thread's bandwidth); 1.0 at one thread or with no
+    weight bytes."""
+    if threads <= 1:
+        return 1.0
+    par = total = 0.0
+    for key, (_, _, units, _) in work.items():
+        op, t, divisor = parse_key(key, threads)
+        b = units * WEIGHT_BYTES_PER_UNIT.get(op, 0.0)
+        total += b
+        if t > 1 or divisor > 1:
+            par += b
+    return par / total if total else 1.0
+
+
 def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] | None:
     """Seconds per op (parallel matvecs folded into their op) of ``work`` on ``host`` (a
     HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any

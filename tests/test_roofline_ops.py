@@ -195,3 +195,21 @@ def test_inventory_counts_rows_with_a_partial_segment():
     assert 0 < t[3] < t[1]  # in_proj rows (cols 384) have tails; out_proj rows (cols 768) do not
     res, _, _, _ = work_inventory(load_config("sandbox"))  # d_model 256, d_inner 512: none
     assert all(v[3] == 0 for v in res.values())
+
+
+def test_serial_bytes_stream_at_one_threads_bandwidth():
+    from tern.roofline_ops import parallel_byte_share
+
+    small = load_config("sandbox")  # no matrix reaches PAR_MIN_WEIGHTS: all serial
+    res, _, _, _ = work_inventory(small)
+    assert parallel_byte_share(res, 2) == 0.0 and parallel_byte_share(res, 1) == 1.0
+    big = load_config("30m").replace(d_model=2048, n_heads=8)
+    res_b, _, _, _ = work_inventory(big)
+    assert 0.5 < parallel_byte_share(res_b, 2) <= 1.0
+    # a host whose 2-thread curve is twice the 1-thread one: all-serial work gains nothing
+    # from the second thread's bandwidth, so its 2-thread stall equals the 1-thread stall
+    one = synthetic_profile(1 << 20, 100.0, 20.0, threads=1)
+    two = synthetic_profile(1 << 20, 200.0, 40.0, threads=2)
+    host = dataclasses.replace(one, bandwidth=one.bandwidth + two.bandwidth, op_costs=_costs())
+    p1, p2 = predict(small, host, threads=1), predict(small, host, threads=2)
+    assert p2.resident.stall_s == pytest.approx(p1.resident.stall_s)
