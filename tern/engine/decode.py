@@ -223,7 +223,7 @@ class Engine:
         G[ops.G_PAR] = int(self.threads > 1)
         G[ops.G_PAR_MIN] = self.par_min_weights
         G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
-        G[ops.G_STREAM_RB], G[ops.G_STREAM_RB_ROUTED] = self.stream_row_bytes
+        G[ops.G_STREAM_RB] = self.stream_row_bytes[0]
         G[ops.G_STREAM_RB_MAX] = STREAM_MAX_ROW_BYTES
         G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
         G[ops.G_EMBED_INT8] = int(emb_int8)
@@ -231,6 +231,9 @@ class Engine:
         G[ops.G_HEAD], G[ops.G_HEAD_S], head_int8 = self._dense(aux, head)
         G[ops.G_HEAD_INT8] = int(head_int8)
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
+        routed = G.copy()  # ops.routed_globals: the routed experts' row
+        routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
+        G = np.concatenate([G, routed])
         self.G, self.T, self.LI = G, T, LI
         self.aux = aux.build()
         self.buf = self.model.buffer

@@ -55,11 +55,12 @@ G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
 G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
 G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
 G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), largest top_k
-# ternary matrices with packed rows of at least G_STREAM_RB bytes use the streaming (one row
-# per pass) kernel; 0: none. G_STREAM_RB is what bitlinear reads; ffn_step swaps in the
-# routed experts' threshold for them (tern.roofline_ops.stream_row_bytes: per pool)
-G_STREAM_RB, G_STREAM_RB_ROUTED, G_STREAM_RB_MAX = 26, 27, 28  # ... and at most G_STREAM_RB_MAX
-N_GLOBALS = 29
+# ternary matrices with packed rows of G_STREAM_RB .. G_STREAM_RB_MAX bytes use the streaming
+# (one row per pass) kernel; G_STREAM_RB 0: none. The threshold is per pool
+# (tern.roofline_ops.stream_row_bytes): G holds two rows of N_GLOBALS, built once at load —
+# row 0 for everything, row 1 (routed_globals) the same with the routed experts' threshold.
+G_STREAM_RB, G_STREAM_RB_MAX = 26, 27
+N_GLOBALS = 28
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
@@ -261,6 +262,12 @@ def quant(G, x, xq, xd, eps):
 
 
 # ---- matrices ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def routed_globals(G):
+    """The globals the routed experts run with (G's second row: their stream threshold)."""
+    return G[N_GLOBALS:2 * N_GLOBALS]
 
 
 @numba.njit(cache=True, inline="always")
@@ -580,19 +587,15 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
             counts[mi, chosen[j]] += 1
         if experts_parallel(G, k, H):
             eo_all, gs, us, hds, hqs = carve_experts(work, iwork, G)
-            Gs = G.copy()
+            Gs = routed_globals(G).copy()
             Gs[G_PAR] = 0
-            Gs[G_STREAM_RB] = G[G_STREAM_RB_ROUTED]
             routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs)
             for j in range(k):  # same order and arithmetic as the sequential loop below
                 w = wk[j]
                 for i in range(D):
                     acc[i] += w * eo_all[j, i]
         else:
-            Gr = G
-            if G[G_STREAM_RB_ROUTED] != G[G_STREAM_RB]:
-                Gr = G.copy()
-                Gr[G_STREAM_RB] = G[G_STREAM_RB_ROUTED]
+            Gr = routed_globals(G)
             mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
             j = 0
             for e in range(E):
