@@ -112,7 +112,8 @@ def test_profile_round_trip_with_op_costs(tmp_path):
     assert back.op_costs[0].seconds(1, 10, 100) == pytest.approx(1e-7 + 2e-8 + 3e-8)
 
 
-@pytest.mark.parametrize("field, value", [("unit_s", float("nan")), ("call_s", -1e-9), ("threads", 0)])
+@pytest.mark.parametrize("field, value", [("unit_s", float("nan")), ("call_s", -1e-9), ("threads", 0),
+                                          ("tail_s", -1e-9), ("tail_s", float("inf"))])
 def test_bad_op_cost_in_a_profile_is_a_clear_error(tmp_path, field, value):
     prof = dataclasses.replace(HostProfile("t", True, {}, (), "default", ()),
                                op_costs=(OpCost("ssm_scan", 1, 1e-7, 2e-9, 3e-10, 5, 0.1),))
