@@ -1,7 +1,7 @@
 """DRAM read bandwidth: tern's numba read kernel against an independent C kernel.
 
 Compiles benchmarks/c_read_bandwidth.c with ``gcc -O3 -march=native`` (OpenMP when the
-compiler has it), runs it and tern's read kernel (tern.probe_bandwidth.calibrate_point)
+compiler has it), runs it and tern's read kernel (tern.probe.bandwidth.calibrate_point)
 at the same DRAM-sized working set (default max(1 GiB, 8 x LLC)) for each thread count.
 
 Paired rounds: the numba side is calibrated once; then each round takes ONE timed C run
@@ -9,7 +9,7 @@ Paired rounds: the numba side is calibrated once; then each round takes ONE time
 that goes first alternating between rounds. Both sides so sample the same regimes of a
 drifting shared machine, and the robust comparison is the median of the per-round
 ratios numba / C. Prints each side's median and range and that paired ratio, and
-appends one JSONL row per thread count (tern.records: run metadata, each side's runs
+appends one JSONL row per thread count (tern.core.records: run metadata, each side's runs
 and summary, the per-round ratios).
 
     .venv/bin/python benchmarks/compare_c_read.py                 # 1 and all threads
@@ -29,9 +29,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tern.host_profile import HostProfile
-from tern.probe import default_thread_counts
-from tern.probe_bandwidth import (
+from tern.core.host_caches import detect_caches
+from tern.core.host_profile import HostProfile
+from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.probe.bandwidth import (
     GIB,
     MIB,
     SweepBuffers,
@@ -40,9 +41,8 @@ from tern.probe_bandwidth import (
     format_bytes,
     numba_threads,
 )
-from tern.probe_caches import detect_caches
-from tern.probe_timing import Calibrated, TimingConfig
-from tern.records import append_jsonl, run_metadata, summarize
+from tern.probe.profile import default_thread_counts
+from tern.probe.timing import Calibrated, TimingConfig
 
 SRC = Path(__file__).resolve().parent / "c_read_bandwidth.c"
 CFLAGS = ["-O3", "-march=native"]

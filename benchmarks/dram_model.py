@@ -4,16 +4,16 @@ against the roofline's predictions from the probe's figures (issue: engine targe
 The model: the sweep's 30m budget (d_model 512, 6 layers, 3 MoE layers of hidden-4096
 experts) with 64 experts, top-52 (~250 MB read per token). Built once by random_model
 under <results>/models. Each thread count: warm-up 8 tokens, 5 repeats of 32 tokens in a
-fresh subprocess (tern.sweep.measure_in_subprocess: median, min, max, peak RSS).
+fresh subprocess (tern.measure.sweep.measure_in_subprocess: median, min, max, peak RSS).
 
-Printed and appended as JSONL rows (tern.records.run_metadata + figures):
+Printed and appended as JSONL rows (tern.core.records.run_metadata + figures):
 * ``bandwidth_roof_tok_per_s``: active bytes / the probe's read bandwidth at the model's
   working set, nothing else (the pure memory roof, uncalibrated);
-* ``predicted_tok_per_s``: tern.roofline.predict on the uncalibrated profile (with op
-  costs in the profile: measured op costs + memory stall; see tern.roofline);
+* ``predicted_tok_per_s``: tern.predict.roofline.predict on the uncalibrated profile (with op
+  costs in the profile: measured op costs + memory stall; see tern.predict.roofline);
 * ``predicted_tok_per_s_same_run``: the same prediction with the profile's DRAM read
   bandwidth replaced by the read kernel's figure measured right before and right after
-  this decode run (tern.roofline.with_dram_bandwidth; the mean of the two) — on this VM
+  this decode run (tern.core.host_queries.with_dram_bandwidth; the mean of the two) — on this VM
   the DRAM bandwidth moves between regimes over minutes, so the probe's figure may be
   stale when the model runs;
 * the measured tok/s, the ratios, and the achieved GB/s of active weights.
@@ -29,13 +29,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from tern.config import param_counts
-from tern.host_profile import HostProfile
-from tern.probe_bandwidth import SweepBuffers, measure_point
-from tern.probe_timing import TimingConfig
-from tern.records import append_jsonl, run_metadata
-from tern.roofline import bandwidth_gbps, predict, with_dram_bandwidth
-from tern.sweep import BUDGETS, SweepPoint, ensure_model, measure_in_subprocess
+from tern.core.config import param_counts
+from tern.core.host_profile import HostProfile
+from tern.core.host_queries import bandwidth_gbps, with_dram_bandwidth
+from tern.core.records import append_jsonl, run_metadata
+from tern.measure.sweep import BUDGETS, SweepPoint, ensure_model, measure_in_subprocess
+from tern.predict.roofline import predict
+from tern.probe.bandwidth import SweepBuffers, measure_point
+from tern.probe.timing import TimingConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/ternary_matvec.py --quick    # small shapes, short timings
 
 Rows (JSONL, appended to results/bench/kernels.jsonl by default) carry
-tern.records.run_metadata, the kernel, shape, threads, weight bytes per call and the
-summaries (tern.records.summarize: repeats, median, min, max, iqr, spread_rel) of
+tern.core.records.run_metadata, the kernel, shape, threads, weight bytes per call and the
+summaries (tern.core.records.summarize: repeats, median, min, max, iqr, spread_rel) of
 ``gops_per_s`` (2 ops per weight: multiply + add) and ``gbps`` (weight bytes read per
 second, 1e9 bytes). Sections:
 
@@ -17,9 +17,9 @@ second, 1e9 bytes). Sections:
   read-bandwidth kernel at the same working set (``pct_of_read_gbps``);
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
-  DRAM against row length (the rule tern.roofline_ops.STREAM_MIN_ROW_BYTES rests on).
+  DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on).
 
-Timing: tern.probe_timing.timed_runs (warm-up, >= min_time_s per run, >= 5 repeats).
+Timing: tern.probe.timing.timed_runs (warm-up, >= min_time_s per run, >= 5 repeats).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tern import kernel_bench
-from tern.engine import kernels_ternary as kt
-from tern.engine import ternary_variants as tv
-from tern.engine.packing import random_ternary2
-from tern.engine.simd import HAS_VBMI, ROW_DOT_ISA
-from tern.probe_bandwidth import SweepBuffers, check_threads, measure_point, numba_threads
-from tern.probe_timing import TimingConfig, timed_runs
-from tern.records import append_jsonl, run_metadata, summarize
+from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.kernels import kernels_ternary as kt
+from tern.kernels.packing import random_ternary2
+from tern.kernels.simd import HAS_VBMI, ROW_DOT_ISA
+from tern.probe import kernel_table as kernel_bench
+from tern.probe import ternary_variants as tv
+from tern.probe.bandwidth import SweepBuffers, check_threads, measure_point, numba_threads
+from tern.probe.timing import TimingConfig, timed_runs
 
 COMPUTE_SHAPES = ((14336, 4096), (4096, 14336))
 QUICK_SHAPES = ((4096, 4096),)
@@ -67,7 +67,7 @@ def _time_call(call, weight_bytes: int, ops: int, timing: TimingConfig) -> dict:
 
 def measure(kernel: str, rows: int, cols: int, threads: int, timing: TimingConfig, section: str,
             seed: int = 0) -> dict:
-    """One row: a tern.kernel_bench kernel at one shape and thread count."""
+    """One row: a tern.probe.kernel_table kernel at one shape and thread count."""
     setup = kernel_bench.get_setup(kernel)
     with numba_threads(threads):
         call, wb, ops = setup(rows, cols, threads, np.random.default_rng(seed))

@@ -36,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tern.corpus import (  # noqa: E402
+from tern.data.corpus import (
     MIN_VAL_BYTES,
     Document,
     check_split,
@@ -324,7 +324,7 @@ def propose_val(docs: list[Document], leak: np.ndarray) -> list[str]:
 
 
 def build_tokenizers(out_dir: Path, root: Path) -> dict[str, str]:
-    from tern.tokenizer import BPE_VOCABS, train_bpe
+    from tern.data.tokenizer import BPE_VOCABS, train_bpe
 
     train = load_corpus(root).text("train")
     out = {}

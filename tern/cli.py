@@ -1,6 +1,6 @@
 """`tern` command line: one subcommand per concern, each living in its own module.
 
-A subcommand module provides
+A subcommand module (or an object in one: ``module:object``) provides
     cli_configure(parser)      add its arguments (and nested subcommands)
     cli_run(args) -> dict      do the work; progress and logs go to stderr
     cli_render(result) -> str  optional human-readable form of the result
@@ -17,20 +17,28 @@ import json
 import sys
 from typing import Any
 
-# name -> (module, one-line help). Keep in pipeline order.
+# name -> (module[:object], one-line help). Keep in pipeline order. The module (or the object
+# in it) provides cli_configure / cli_run and optionally cli_render / JSON_FIELDS.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "probe": ("tern.probe", "measure caches, bandwidth against working set and kernel roofs -> host_profile.json"),
-    "presets": ("tern.cli_presets", "list model presets with their parameter and byte counts"),
-    "predict": ("tern.roofline", "two-pool roofline: predicted decode tok/s of a config on a host, and why"),
-    "design": ("tern.design", "design search: active budget and configs reaching a target tok/s"),
-    "data": ("tern.data", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
-    "train": ("tern.train", "train a model (CPU/CUDA/torchrun DDP): val BPB, tok/s, sparsity, expert load"),
-    "export": ("tern.export", "packed model files: export a checkpoint, write a random model, validate"),
-    "generate": ("tern.engine.cli", "stream text from a packed model with the numba engine"),
-    "bench": ("tern.bench", "decode benchmarks of the numba engine (ladder: tok/s and BPB per optimization)"),
-    "gate": ("tern.gates", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
-    "report": ("tern.report", "run the numbered notebooks into one self-contained HTML report"),
+    "probe": ("tern.probe.cli", "measure caches, bandwidth against working set and kernel roofs -> host_profile.json"),
+    "presets": ("tern.core.cli", "list model presets with their parameter and byte counts"),
+    "predict": ("tern.predict.cli", "two-pool roofline: predicted decode tok/s of a config on a host, and why"),
+    "design": ("tern.predict.cli:design_command", "design search: active budget and configs reaching a target tok/s"),
+    "data": ("tern.data.cli", "shipped corpus and tokenizers: stats, encode/decode, BPB of xz"),
+    "train": ("tern.train.cli", "train a model (CPU/CUDA/torchrun DDP): val BPB, tok/s, sparsity, expert load"),
+    "export": ("tern.train.cli:export_command", "packed model files: export a checkpoint, write a random model, validate"),
+    "generate": ("tern.run.cli", "stream text from a packed model with the numba engine"),
+    "bench": ("tern.measure.cli", "decode benchmarks of the numba engine (ladder: tok/s and BPB per optimization)"),
+    "gate": ("tern.decide.cli", "pre-registered A/B gates over seeds: run, list verdicts, show, plot"),
+    "report": ("tern.report.cli", "run the numbered notebooks into one self-contained HTML report"),
 }
+
+
+def load_command(spec: str):
+    """The module or object of a COMMANDS spec ``"package.module[:object]"``."""
+    modname, _, attr = spec.partition(":")
+    mod = importlib.import_module(modname)
+    return getattr(mod, attr) if attr else mod
 
 
 def _build_parser(selected: str | None) -> argparse.ArgumentParser:
@@ -40,7 +48,7 @@ def _build_parser(selected: str | None) -> argparse.ArgumentParser:
                     "language models. Every subcommand that reports figures takes --json.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from . import __version__
+    from tern import __version__
 
     parser.add_argument("--version", action="version", version=f"tern {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
@@ -48,7 +56,7 @@ def _build_parser(selected: str | None) -> argparse.ArgumentParser:
         if name != selected:
             sub.add_parser(name, help=help_, add_help=False)
             continue
-        mod = importlib.import_module(modname)
+        mod = load_command(modname)
         fields = getattr(mod, "JSON_FIELDS", "")
         p = sub.add_parser(
             name, help=help_, description=help_,

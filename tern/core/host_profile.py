@@ -1,0 +1,236 @@
+"""HostProfile: what the probe measured about a machine, as versioned JSON.
+
+The probe (``tern.probe``) fills it; the roofline (``tern.predict.roofline``) reads it. Bandwidth
+is a curve of GB/s against working-set bytes per (kernel, threads); the roofline reads
+it through :meth:`HostProfile.bandwidth_at`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tern.core.records import atomic_write_json
+
+FORMAT = "tern.host_profile"
+VERSION = 2  # 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
+READABLE_VERSIONS = (1, 2)  # version 1 lacks the spread fields: they load as unknown
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    level: int  # 1, 2, 3, ...
+    type: str  # "Data", "Instruction", "Unified"
+    size_bytes: int  # one instance
+    instances: int  # distinct instances in the machine (distinct shared_cpu_list)
+    shared_by: int  # logical CPUs sharing one instance
+
+    @property
+    def total_bytes(self) -> int:
+        return self.size_bytes * self.instances
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    """One point of a bandwidth curve. GB/s = 1e9 bytes/s, STREAM counting (no
+    write-allocate). The spread fields (since profile version 2) are None / empty for
+    points without measured runs: reference and synthetic curves, version-1 profiles."""
+
+    kernel: str  # "read", "copy", "triad"
+    threads: int
+    working_set_bytes: int
+    gbps_best: float  # fastest timed run
+    gbps_median: float
+    repeats: int
+    gbps_min: float | None = None  # slowest timed run (None: not recorded)
+    runs_gbps: tuple[float, ...] = ()  # GB/s of every timed run, in the order taken
+    runs_at_s: tuple[float, ...] = ()  # start of each run, s since the sweep began
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; keep tuples so a loaded profile equals the saved one
+        object.__setattr__(self, "runs_gbps", tuple(float(g) for g in self.runs_gbps))
+        object.__setattr__(self, "runs_at_s", tuple(float(t) for t in self.runs_at_s))
+        if self.runs_at_s and len(self.runs_at_s) != len(self.runs_gbps):
+            raise ValueError(f"bandwidth point has {len(self.runs_gbps)} runs but "
+                             f"{len(self.runs_at_s)} run start times")
+        if self.gbps_min is not None and not (0 < self.gbps_min <= self.gbps_best):
+            raise ValueError(f"bandwidth point gbps_min {self.gbps_min} is not in "
+                             f"(0, gbps_best={self.gbps_best}]")
+
+    @property
+    def span_s(self) -> float | None:
+        """Seconds from the first run's start to the last run's start (None: not recorded)."""
+        return self.runs_at_s[-1] - self.runs_at_s[0] if self.runs_at_s else None
+
+
+@dataclass(frozen=True)
+class KernelThroughput:
+    kernel: str  # e.g. "fp32_matvec", "int8_matvec", "ternary_lut"
+    threads: int
+    rows: int
+    cols: int
+    gops_best: float  # 1e9 multiply-adds... counted as 2 ops each (mul + add)
+    gops_median: float
+    gbps_median: float  # weight bytes streamed per second
+    repeats: int
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Fitted seconds of one engine operation (tern.probe.ops): call + row x rows + unit x
+    units (+ tail x rows with a partial last 256-column segment, for the ternary matvecs)."""
+
+    op: str  # "ternary_matvec", "ssm_step", ... (tern.probe.ops.OPS)
+    threads: int
+    call_s: float  # fixed cost per call
+    row_s: float  # per row (per channel) of the op
+    unit_s: float  # per unit: a weight, a state element, a cached position x d_model, an element
+    samples: int  # sizes timed
+    max_rel_err: float  # largest |fit / measured - 1| over the sizes
+    tail_s: float = 0.0  # per row whose last segment is partial (masked loads; 0: not fitted)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threads, int) and self.threads >= 1):
+            raise ValueError(f"op cost {self.op!r}: threads must be an integer >= 1, got {self.threads!r}")
+        for n in ("call_s", "row_s", "unit_s", "tail_s"):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"op cost {self.op!r}: {n} must be a finite number >= 0 s, got {v!r}")
+
+    def seconds(self, calls: float, rows: float, units: float, tails: float = 0.0) -> float:
+        return self.call_s * calls + self.row_s * rows + self.unit_s * units + self.tail_s * tails
+
+
+def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:
+    """The fitted cost of ``op`` at the thread count nearest ``threads`` (at most
+    ``threads`` when such exists); None when ``costs`` has none."""
+    rows = [c for c in costs if c.op == op]
+    if not rows:
+        return None
+    below = [c for c in rows if c.threads <= threads]
+    return max(below, key=lambda c: c.threads) if below else min(rows, key=lambda c: c.threads)
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """What the probe measured on one host (or the published figures of a reference host):
+    caches as the OS reports them, read bandwidth against working-set size (1 and more
+    threads, every repeat kept), matvec kernel throughput, the engine's op costs, and
+    optional calibration checks. Versioned JSON (``FORMAT``, ``VERSION``), validated on load
+    (:meth:`HostProfile.load`); the predictor reads nothing else of a host."""
+
+    label: str  # "measured on <host>" or "reference: ... (published figures, not measured)"
+    measured: bool
+    host: dict[str, Any]  # cpu model, flags, cores, threads, ram, os, versions, date
+    caches: tuple[CacheLevel, ...]
+    cache_source: str  # "/sys", "py-cpuinfo", "sysctl", "default"...
+    bandwidth: tuple[BandwidthPoint, ...]
+    kernels: tuple[KernelThroughput, ...] = ()
+    calibration: dict[str, float] = field(default_factory=dict)  # e.g. per-token overhead s
+    op_costs: tuple[OpCost, ...] = ()  # engine operation costs (tern.probe.ops)
+
+    # ---- queries ----------------------------------------------------------------------
+    def cache(self, level: int) -> CacheLevel | None:
+        """Data/unified cache of ``level`` (None when unknown)."""
+        for c in self.caches:
+            if c.level == level and c.type in ("Data", "Unified"):
+                return c
+        return None
+
+    @property
+    def llc_bytes(self) -> int:
+        """Total last-level cache bytes (all instances)."""
+        levels = [c for c in self.caches if c.type in ("Data", "Unified")]
+        if not levels:
+            return 0
+        top = max(c.level for c in levels)
+        return sum(c.total_bytes for c in levels if c.level == top)
+
+    def thread_counts(self, kernel: str = "read") -> list[int]:
+        return sorted({p.threads for p in self.bandwidth if p.kernel == kernel})
+
+    def curve(self, threads: int, kernel: str = "read") -> list[BandwidthPoint]:
+        pts = sorted((p for p in self.bandwidth if p.kernel == kernel and p.threads == threads),
+                     key=lambda p: p.working_set_bytes)
+        if not pts:
+            raise ValueError(
+                f"profile {self.label!r} has no {kernel!r} bandwidth curve for {threads} "
+                f"thread(s); available: {self.thread_counts(kernel)}")
+        return pts
+
+    def bandwidth_at(self, working_set_bytes: float, threads: int = 1, kernel: str = "read",
+                     stat: str = "median") -> float:
+        """GB/s at a working set, interpolated linearly in log2(bytes) on the measured
+        curve (clamped at its ends). ``threads`` falls back to the nearest measured count."""
+        avail = self.thread_counts(kernel)
+        if not avail:
+            raise ValueError(f"profile {self.label!r} has no {kernel!r} bandwidth curve")
+        t = min(avail, key=lambda a: (abs(a - threads), -a))
+        pts = self.curve(t, kernel)
+        xs = [math.log2(p.working_set_bytes) for p in pts]
+        ys = [p.gbps_median if stat == "median" else p.gbps_best for p in pts]
+        x = math.log2(max(working_set_bytes, 1.0))
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        for i in range(1, len(xs)):
+            if x <= xs[i]:
+                f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + f * (ys[i] - ys[i - 1])
+        return ys[-1]
+
+    def kernel_gops(self, kernel: str, threads: int = 1) -> float | None:
+        rows = [k for k in self.kernels if k.kernel == kernel]
+        if not rows:
+            return None
+        best = min(rows, key=lambda k: (abs(k.threads - threads), -k.threads))
+        return best.gops_median
+
+    # ---- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d = {"format": FORMAT, "version": VERSION, **d}
+        return d
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostProfile:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a tern host profile (format field is "
+                             f"{d.get('format') if isinstance(d, dict) else None!r}, expected {FORMAT!r})")
+        if d.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"host profile version {d.get('version')!r} is not supported "
+                             f"(this tern reads versions {READABLE_VERSIONS}); re-run `tern probe`")
+        try:
+            prof = cls(
+                label=str(d["label"]), measured=bool(d["measured"]), host=dict(d["host"]),
+                caches=tuple(CacheLevel(**c) for c in d["caches"]),
+                cache_source=str(d["cache_source"]),
+                bandwidth=tuple(BandwidthPoint(**p) for p in d["bandwidth"]),
+                kernels=tuple(KernelThroughput(**k) for k in d.get("kernels", ())),
+                calibration=dict(d.get("calibration", {})),
+                op_costs=tuple(OpCost(**c) for c in d.get("op_costs", ())),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"host profile is malformed: {e}") from None
+        for p in prof.bandwidth:
+            if not (p.working_set_bytes > 0 and p.gbps_median > 0 and math.isfinite(p.gbps_median)):
+                raise ValueError(f"host profile has an invalid bandwidth point: {p}")
+        return prof
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HostProfile:
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"host profile {path} does not exist; run `tern probe` first") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"host profile {path} is not valid JSON: {e}") from None
+        return cls.from_dict(d)

@@ -1,1 +1,0 @@
-"""numba decode engine: kernels, packing, decode loop."""

@@ -1,0 +1,424 @@
+"""Ternary matvec kernels over the ternary2 layout (see tern.kernels.packing).
+
+Orientation: ``packed`` is (rows, ternary2_row_bytes(cols)) uint8 holding W (rows = output
+units, cols = inputs), ``row_scale`` (rows,) float32, ``xq`` (cols,) int8 and ``x_scale``
+float32 from tern.kernels.quant.quantize_act; ``out`` (rows,) float32 receives
+
+    out[r] = row_scale[r] * x_scale * sum_c Wt[r, c] * xq[c]
+
+with the integer sum exact (int32; cols <= MAX_COLS). All kernels here are
+``@njit(cache=True)``, callable from other njit code, and assume validated inputs;
+:func:`ternary_matvec_checked` is the validating Python wrapper (:func:`check_matvec_args`
+the check alone). The activation-skip kernels read the TRANSPOSED orientation (see the
+section below). Variants, layouts and the default rule: tern.probe.ternary_variants.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.simd import (
+    ROW_DOT_ISA,
+    ROWS_PER_DOT,
+    SKIP_CHUNK_BYTES,
+    prefetch_line,
+    row_codes_dot,
+    rows_codes_dot,
+    skip_chunk,
+)
+
+# Launch numba's threading layer at import: the plain-njit wrappers below (ternary_matvec_par,
+# ...) call parallel kernels, and such a call loaded from the on-disk cache segfaults when the
+# layer is not up yet (a parallel=True function called directly would launch it itself).
+numba.get_num_threads()
+
+SEG_COLS = 256
+SEG_BYTES = 64
+MAX_COLS = (2**31 - 1) // 254  # sums of code (<= 2) * |xq| (<= 127) stay inside int32
+ROW_BLOCK = 16  # rows per parallel work item
+SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
+SKIP_PREFETCH_GROUPS = 2  # software prefetch distance of the skip kernel, in groups (8 rows; 1, 2, 4, 8, 16 measured alike within noise, 2 marginally best)
+SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
+
+
+@numba.njit(cache=True)
+def act_sum(xq):
+    """sum(xq) as int32 (the kernels sum code * xq with code = w + 1, then subtract it)."""
+    s = np.int32(0)
+    for i in range(xq.shape[0]):
+        s = np.int32(s + xq[i])
+    return s
+
+
+# ---- variant "unpack": plain numba shifts/masks + int16 segment sums ------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def _seg_dot_signed(packed, r, b0, g, xq, q0):
+    """sum over one segment of w * q (w = code - 1); |sum| <= 256 * 127 fits int16."""
+    acc = np.int16(0)
+    for j in range(g):
+        p = np.int16(packed[r, b0 + j])
+        acc = np.int16(acc + ((p & 3) - 1) * np.int16(xq[q0 + j])
+                       + (((p >> 2) & 3) - 1) * np.int16(xq[q0 + g + j])
+                       + (((p >> 4) & 3) - 1) * np.int16(xq[q0 + 2 * g + j])
+                       + (((p >> 6) & 3) - 1) * np.int16(xq[q0 + 3 * g + j]))
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
+def _tail_dot_signed(packed, r, b0, g, xq, q0):
+    """The last, partial segment (g <= 64 bytes): slots past the end of xq are skipped."""
+    acc = np.int32(0)
+    n = xq.shape[0]
+    for j in range(g):
+        p = np.int32(packed[r, b0 + j])
+        for k in range(4):
+            i = q0 + g * k + j
+            if i < n:
+                acc = np.int32(acc + (((p >> (2 * k)) & 3) - 1) * np.int32(xq[i]))
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_unpack(packed, row_scale, xq, x_scale, out, r0, r1):
+    nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
+    gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
+    for r in range(r0, r1):
+        acc = np.int32(0)
+        for b in range(nfull):
+            acc = np.int32(acc + _seg_dot_signed(packed, r, b * SEG_BYTES, SEG_BYTES, xq, b * SEG_COLS))
+        if gtail > 0:
+            acc = np.int32(acc + _tail_dot_signed(packed, r, nfull * SEG_BYTES, gtail, xq, nfull * SEG_COLS))
+        out[r] = row_scale[r] * x_scale * np.float32(acc)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_unpack(packed, row_scale, xq, x_scale, out):
+    """Variant "unpack" (portable plain numba): 2-bit codes -> int8 weights -> int16 dot."""
+    _rows_unpack(packed, row_scale, xq, x_scale, out, 0, packed.shape[0])
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
+    """Variant "unpack", blocks of ROW_BLOCK rows split over numba threads."""
+    rows = packed.shape[0]
+    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
+        _rows_unpack(packed, row_scale, xq, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK))
+
+
+# ---- variant "simd": the same unpack with vpdpbusd / vpmaddubsw (tern.kernels.simd) ---------
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
+    """Rows r0..r1-1 one at a time, in address order: one sequential read stream (also
+    the tail rows of the 4-row pass). The 4-row pass of _rows_simd reads 4 streams a row apart; once rows are longer than a few hundred bytes and the
+    matrix comes from DRAM, the hardware prefetcher follows 4 short streams badly (measured
+    on Zen 4 with benchmarks/ternary_matvec.py --row-length: 7-10 GB/s at 512 B - 8 KB rows
+    against 18-21 GB/s for this form, which is ~15 % slower in cache instead). Which matrices
+    use it: tern.kernels.policy.stream_row_bytes (the engine and the roofline share the rule).
+    """
+    nfull = xq.shape[0] // SEG_COLS
+    gtail = packed.shape[1] - nfull * SEG_BYTES
+    for r in range(r0, r1):
+        acc = np.int32(row_codes_dot(packed, r, xq, nfull, gtail) - qsum)
+        out[r] = row_scale[r] * x_scale * np.float32(acc)
+
+
+@numba.njit(cache=True, inline="always")
+def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1, one_row):
+    """Rows r0..r1-1: ROWS_PER_DOT rows per pass over xq, or (``one_row``) the streaming
+    form of _rows_stream for them all."""
+    nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
+    gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
+    r = r0
+    while not one_row and r + ROWS_PER_DOT <= r1:  # ROWS_PER_DOT rows per pass over xq
+        sums = rows_codes_dot(packed, r, xq, nfull, gtail)
+        for i in range(ROWS_PER_DOT):
+            out[r + i] = row_scale[r + i] * x_scale * np.float32(np.int32(sums[i] - qsum))
+        r += ROWS_PER_DOT
+    _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r, r1)
+
+
+@numba.njit(cache=True, parallel=True)
+def _simd_par(packed, row_scale, xq, x_scale, out, one_row):
+    qsum = act_sum(xq)
+    rows = packed.shape[0]
+    for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
+        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK), one_row)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd(packed, row_scale, xq, x_scale, out):
+    """Variant "simd" (x86 with AVX2 or AVX-512): 64-byte loads, shift+mask to u8 codes,
+    u8 x s8 dot products (vpdpbusd with VNNI), minus sum(xq)."""
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], False)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", blocks of ROW_BLOCK rows split over numba threads."""
+    _simd_par(packed, row_scale, xq, x_scale, out, False)
+
+
+# ---- variant "simd", one row per pass (the streaming form; see _rows_stream) ----------------
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd_stream(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", one row per pass (one sequential read stream; see _rows_stream)."""
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], True)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_simd_stream_par(packed, row_scale, xq, x_scale, out):
+    """Variant "simd", one row per pass, blocks of ROW_BLOCK rows split over numba threads."""
+    _simd_par(packed, row_scale, xq, x_scale, out, True)
+
+
+# ---- default ---------------------------------------------------------------------------------
+# Rule (measured on AMD EPYC Zen 4 with benchmarks/ternary_matvec.py; documented in
+# tern.probe.ternary_variants): the "simd" variant wherever tern.kernels.simd found AVX2 or
+# AVX-512 when this module was imported, else the portable "unpack" variant — the only two
+# that read the stored layout directly. ternary_variants.calibrate_kernels() re-measures.
+DEFAULT_VARIANT = "simd" if ROW_DOT_ISA != "none" else "unpack"
+
+_DEFAULT = ternary_matvec_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
+_DEFAULT_PAR = ternary_matvec_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
+
+
+_STREAM = ternary_matvec_simd_stream if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
+_STREAM_PAR = ternary_matvec_simd_stream_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
+
+
+@numba.njit(cache=True)
+def ternary_matvec(packed, row_scale, xq, x_scale, out):
+    """Default single-thread ternary matvec (DEFAULT_VARIANT on this CPU)."""
+    _DEFAULT(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
+    """Default multi-thread ternary matvec (threads: numba.set_num_threads by the caller)."""
+    _DEFAULT_PAR(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_stream(packed, row_scale, xq, x_scale, out):
+    """Default single-thread streaming ternary matvec (rows in address order; the
+    "unpack" variant already reads that way)."""
+    _STREAM(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out):
+    """Default multi-thread streaming ternary matvec."""
+    _STREAM_PAR(packed, row_scale, xq, x_scale, out)
+
+
+# ---- activation skip (transposed orientation) -----------------------------------------------
+# Orientation of every skip kernel: ``packed_t`` is W.T packed with pack_ternary2, i.e.
+# (cols, ternary2_row_bytes(rows)) — one packed row per INPUT unit c holding W[:, c];
+# ``row_scale`` (rows,) is the per-output-row scale of the original W; ``xq`` (cols,),
+# ``out`` (rows,). They compute out[d] = row_scale[d] * x_scale * sum_{c: xq[c] != 0} xq[c] * W[d, c]
+# and never read the packed rows of inputs whose xq[c] == 0.
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel in plain numba (portable): per nonzero input, add its signed weights
+    times xq[c] into int32 accumulators."""
+    cols, rb = packed_t.shape
+    rows = out.shape[0]
+    acc = np.zeros(4 * rb, dtype=np.int32)  # slot order of the ternary2 layout
+    nfull = rows // SEG_COLS
+    gtail = rb - nfull * SEG_BYTES
+    for c in range(cols):
+        qc = np.int32(xq[c])
+        if qc == 0:
+            continue
+        for b in range(nfull + (1 if gtail > 0 else 0)):
+            g = SEG_BYTES if b < nfull else gtail
+            b0 = b * SEG_BYTES
+            a0 = b * SEG_COLS
+            for j in range(g):
+                p = np.int32(packed_t[c, b0 + j])
+                acc[a0 + j] += ((p & 3) - 1) * qc
+                acc[a0 + g + j] += (((p >> 2) & 3) - 1) * qc
+                acc[a0 + 2 * g + j] += (((p >> 4) & 3) - 1) * qc
+                acc[a0 + 3 * g + j] += (((p >> 6) & 3) - 1) * qc
+    for d in range(rows):
+        out[d] = row_scale[d] * x_scale * np.float32(acc[d])
+
+
+@numba.njit(cache=True)
+def skip_groups(xq):
+    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32, qsum int32)``;
+    qq packs the 4 activation bytes of a group (padding entries: row 0 with activation 0)."""
+    nz = 0
+    for c in range(xq.shape[0]):
+        if xq[c] != 0:
+            nz += 1
+    ng = (nz + 3) // 4
+    idx = np.zeros(4 * ng, dtype=np.int64)
+    qb = np.zeros(4 * ng, dtype=np.int8)
+    qsum = np.int32(0)
+    i = 0
+    for c in range(xq.shape[0]):
+        if xq[c] != 0:
+            idx[i] = c
+            qb[i] = xq[c]
+            qsum = np.int32(qsum + xq[c])
+            i += 1
+    return idx, qb.view(np.int32), qsum
+
+
+@numba.njit(cache=True, inline="always")
+def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
+    """All nonzero inputs into the outputs of 256-output segments s0 <= seg < s1. Blocks of
+    SKIP_GROUP_BLOCK input groups are the outer loop, so the rows read at a time (a few
+    hundred KB) stay in L2 while every segment uses them."""
+    rows = out.shape[0]
+    nfull = rows // SEG_COLS
+    nch = SEG_BYTES // SKIP_CHUNK_BYTES
+    acc = np.zeros((s1 - s0, nch, 4 * SKIP_CHUNK_BYTES), dtype=np.int32)
+    ng = qq.shape[0]
+    b_lo, b_hi = s0 * SEG_BYTES, min(s1 * SEG_BYTES, packed_t.shape[1])  # bytes of each row used
+    for g0 in range(0, ng, SKIP_GROUP_BLOCK):
+        g1 = min(ng, g0 + SKIP_GROUP_BLOCK)
+        # the nonzero rows are scattered: fetch those of a block SKIP_PREFETCH_GROUPS ahead
+        # while this one computes (the hardware prefetcher cannot guess them)
+        for gp in range(g0 + SKIP_PREFETCH_GROUPS, min(ng, g1 + SKIP_PREFETCH_GROUPS)):
+            for t in range(4):
+                for b in range(b_lo, b_hi, 64):
+                    prefetch_line(packed_t, idx[4 * gp + t], b)
+        for seg in range(s0, s1):
+            g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
+            for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
+                h0 = h * SKIP_CHUNK_BYTES
+                skip_chunk(packed_t, idx, qq, g0, g1, seg * SEG_BYTES + h0, min(SKIP_CHUNK_BYTES, g - h0),
+                           acc[seg - s0, h])
+    for seg in range(s0, s1):
+        g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
+        for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
+            h0 = h * SKIP_CHUNK_BYTES
+            for k in range(4):
+                for j in range(min(SKIP_CHUNK_BYTES, g - h0)):
+                    d = seg * SEG_COLS + g * k + h0 + j
+                    if d < rows:
+                        v = np.int32(acc[seg - s0, h, k * SKIP_CHUNK_BYTES + j] - qsum)
+                        out[d] = row_scale[d] * x_scale * np.float32(v)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_simd(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel with SIMD (x86): nonzero inputs taken 4 at a time; their code bytes are
+    interleaved so one vpdpbusd adds 4 inputs' contributions to 16 outputs."""
+    idx, qq, qsum = skip_groups(xq)
+    nseg = (packed_t.shape[1] + SEG_BYTES - 1) // SEG_BYTES
+    _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, 0, nseg)
+
+
+@numba.njit(cache=True, parallel=True)
+def ternary_matvec_skip_simd_par(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel with SIMD, ranges of 256-output segments split over numba threads."""
+    idx, qq, qsum = skip_groups(xq)
+    nseg = (packed_t.shape[1] + SEG_BYTES - 1) // SEG_BYTES
+    for p in prange((nseg + SKIP_PAR_SEGS - 1) // SKIP_PAR_SEGS):
+        _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out,
+                       p * SKIP_PAR_SEGS, min(nseg, (p + 1) * SKIP_PAR_SEGS))
+
+
+_SKIP = ternary_matvec_skip_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_skip_plain
+_SKIP_PAR = ternary_matvec_skip_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_skip_plain
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip(packed_t, row_scale, xq, x_scale, out):
+    """Default activation-skip matvec (transposed orientation, see above)."""
+    _SKIP(packed_t, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_par(packed_t, row_scale, xq, x_scale, out):
+    """Default activation-skip matvec over numba threads (output segments split)."""
+    _SKIP_PAR(packed_t, row_scale, xq, x_scale, out)
+
+
+# ---- validation and reference ---------------------------------------------------------------
+
+
+def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = False) -> None:
+    """ValueError naming the problem unless the arguments fit a ternary2 matvec.
+
+    ``transposed``: ``packed`` is W.T (the skip kernel's orientation)."""
+    from tern.kernels.packing import ternary2_row_bytes
+
+    def arr(a, name, dtype, ndim):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
+            raise ValueError(f"{name} must be a {ndim}-D {np.dtype(dtype).name} array, got "
+                             f"{getattr(a, 'dtype', type(a))} with shape {getattr(a, 'shape', None)}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+
+    arr(packed, "packed", np.uint8, 2)
+    arr(row_scale, "row_scale", np.float32, 1)
+    arr(xq, "xq", np.int8, 1)
+    arr(out, "out", np.float32, 1)
+    if packed.shape[0] < 1 or xq.shape[0] < 1:
+        raise ValueError(f"empty matvec: packed {packed.shape}, xq {xq.shape}")
+    if transposed:
+        rows, cols = out.shape[0], packed.shape[0]
+        if xq.shape[0] != cols:
+            raise ValueError(f"xq has {xq.shape[0]} entries; packed_t has {cols} rows (one per input)")
+        if rows < 1 or packed.shape[1] != ternary2_row_bytes(rows):
+            raise ValueError(f"packed_t rows hold {packed.shape[1]} bytes; {rows} outputs need "
+                             f"{ternary2_row_bytes(max(rows, 1))}")
+    else:
+        rows, cols = packed.shape[0], xq.shape[0]
+        if packed.shape[1] != ternary2_row_bytes(cols):
+            raise ValueError(f"packed rows hold {packed.shape[1]} bytes; {cols} inputs need "
+                             f"{ternary2_row_bytes(cols)}")
+        if out.shape[0] != rows:
+            raise ValueError(f"out has {out.shape[0]} entries; packed has {rows} rows")
+    if row_scale.shape[0] != rows:
+        raise ValueError(f"row_scale has {row_scale.shape[0]} entries; expected {rows}")
+    if not np.all(np.isfinite(row_scale)):
+        raise ValueError("row_scale has non-finite values")
+    if not np.isfinite(x_scale):
+        raise ValueError(f"x_scale must be finite, got {x_scale!r}")
+    if xq.min() < -127:
+        raise ValueError("xq holds -128; quantize_act produces values in [-127, 127]")
+    if cols > MAX_COLS:
+        raise ValueError(f"{cols} inputs exceed MAX_COLS = {MAX_COLS} (int32 sums could overflow)")
+
+
+def ternary_matvec_checked(packed: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale,
+                           out: np.ndarray | None = None, transposed: bool = False,
+                           threads: int = 1) -> np.ndarray:
+    """Validate, then run the default kernel (``transposed``: the activation-skip kernel on
+    W.T; ``threads`` > 1: the parallel kernel, numba's current thread count)."""
+    rows = (row_scale.shape[0] if isinstance(row_scale, np.ndarray) and row_scale.ndim == 1 else 0)
+    if out is None:
+        out = np.empty(rows, dtype=np.float32)
+    check_matvec_args(packed, row_scale, xq, x_scale, out, transposed=transposed)
+    xs = np.float32(x_scale)
+    if transposed:
+        (ternary_matvec_skip if threads == 1 else ternary_matvec_skip_par)(packed, row_scale, xq, xs, out)
+    else:
+        (ternary_matvec if threads == 1 else ternary_matvec_par)(packed, row_scale, xq, xs, out)
+    return out
+
+
+def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale) -> np.ndarray:
+    """numpy reference: exact int64 sums of ``wt`` (rows, cols) int8 times ``xq``, then the 2 scales."""
+    acc = wt.astype(np.int64) @ xq.astype(np.int64)  # (rows,)
+    return row_scale * np.float32(x_scale) * acc.astype(np.float32)
+
+
+# numba cache hygiene: the cached kernels above embed tern.kernels.simd's intrinsics
+drop_stale_cache(__file__, ("simd.py",), act_sum)

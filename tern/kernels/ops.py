@@ -1,0 +1,676 @@
+"""Per-token numba operations of the decode engine: exactly docs/MODEL.md, one token.
+
+All weights are read from two flat read-only uint8 buffers: ``buf`` (the memory-mapped
+packed file) and ``aux`` (tensors the engine derives at load: fp32 dequantized matrices of
+the baseline rung, row-oriented copies of the down projections, A = -exp(A_log), ...).
+A tensor is named by an *address* ``byte_offset * 2 + buffer_id`` (0: buf, 1: aux); the
+per-layer table ``T`` (n_layers, N_FIELDS) holds the addresses (-1: absent), ``LI``
+(n_layers, N_LINTS) the per-layer integers and ``G`` the global integers (sizes, flags,
+head/embedding addresses). Index constants below name the columns.
+
+Scratch lives in one float32 ``work`` and one int8 ``iwork`` array (carved by
+:func:`carve`), the recurrent state in ``ssm_h`` (n_ssm, N, Di) (transposed), ``conv`` (n_ssm, K-1, Di),
+``kc`` / ``vc`` (n_attn, window, D) and ``pos`` (1,) (tokens seen), so a token allocates
+nothing. :func:`token_step` is the fused per-token loop; :func:`embed_step`,
+:func:`mixer_step`, :func:`ffn_step` and :func:`head_step` are the same work called one
+layer at a time from Python (the unfused rung of the ladder).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.fastmath import fexp_nonpos
+from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+from tern.kernels.kernels_ternary import (
+    ternary_matvec,
+    ternary_matvec_par,
+    ternary_matvec_skip,
+    ternary_matvec_skip_par,
+    ternary_matvec_stream,
+    ternary_matvec_stream_par,
+)
+from tern.kernels.quant import quantize_act
+
+# ---- table columns ----------------------------------------------------------------------
+# T: per-layer tensor addresses
+F_NORM1, F_NORM2 = 0, 1
+F_IN, F_IN_S = 2, 3  # SSM in_proj / attention qkv
+F_CONV_W, F_CONV_B, F_XP, F_XP_S, F_DT_W, F_DT_B, F_A, F_D = 4, 5, 6, 7, 8, 9, 10, 11
+F_OUT, F_OUT_S = 12, 13  # out_proj (both mixers)
+F_ROUTER = 14
+F_SG, F_SG_S, F_SU, F_SU_S, F_SD, F_SD_S = 15, 16, 17, 18, 19, 20  # shared experts / dense MLP
+F_EG, F_EG_S, F_EU, F_EU_S, F_ED, F_ED_S = 21, 22, 23, 24, 25, 26  # routed experts
+N_FIELDS = 27
+# LI: per-layer integers
+L_KIND, L_STATE, L_NSH, L_HSH, L_MOE, L_E, L_HE, L_TOPK = 0, 1, 2, 3, 4, 5, 6, 7
+N_LINTS = 8
+KIND_SSM, KIND_ATTN = 0, 1
+# G: global integers
+G_D, G_DI, G_N, G_R, G_K, G_V, G_WIN, G_NH, G_NL = 0, 1, 2, 3, 4, 5, 6, 7, 8
+G_HMAX, G_EMAX, G_ACT = 9, 10, 11
+G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
+G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
+G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
+G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), largest top_k
+# ternary matrices with packed rows of G_STREAM_RB .. G_STREAM_RB_MAX bytes use the streaming
+# (one row per pass) kernel; G_STREAM_RB 0: none. The threshold is per pool
+# (tern.kernels.policy.stream_row_bytes): G holds two rows of N_GLOBALS, built once at load —
+# row 0 for everything, row 1 (routed_globals) the same with the routed experts' threshold.
+G_STREAM_RB, G_STREAM_RB_MAX = 26, 27
+N_GLOBALS = 28
+KERNEL_FP32, KERNEL_TERNARY = 0, 1
+ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
+
+# Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
+# given build, so thread counts never change results); the numpy error model drops the
+# zero-division checks that otherwise keep loops with a division scalar. No nnan / ninf:
+# softmax starts from -inf.
+FASTMATH = {"reassoc", "contract"}
+JIT = dict(cache=True, error_model="numpy", fastmath=FASTMATH)
+ONE, ZERO = np.float32(1.0), np.float32(0.0)
+
+
+# ---- buffer access ----------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def u8(buf, aux, addr, nbytes):
+    """``nbytes`` bytes at ``addr`` (uint8 view)."""
+    off = addr >> 1
+    if addr & 1:
+        return aux[off:off + nbytes]
+    return buf[off:off + nbytes]
+
+
+@numba.njit(cache=True, inline="always")
+def f32(buf, aux, addr, n):
+    """``n`` float32 at ``addr``."""
+    return u8(buf, aux, addr, 4 * n).view(np.float32)
+
+
+@numba.njit(cache=True, inline="always")
+def mat_bytes(G, rows, cols):
+    """Bytes of one (rows, cols) matrix in the engine's kernel format (fp32 or ternary2)."""
+    if G[G_KERNEL] == KERNEL_FP32:
+        return rows * cols * 4
+    return rows * ((cols + 3) // 4)
+
+
+# ---- scratch ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def base_work_sizes(G):
+    """(float32, int8) lengths :func:`carve` and :func:`icarve` use; the expert-parallel
+    scratch of :func:`carve_experts` follows them."""
+    D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
+    H, E, W = G[G_HMAX], G[G_EMAX], G[G_WIN]
+    wide = max(D, max(Di, H))
+    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H, wide + H
+
+
+def work_sizes(G: np.ndarray) -> tuple[int, int]:
+    """Lengths of the float32 and int8 scratch arrays the per-token step carves."""
+    nf, ni = (int(v) for v in base_work_sizes(G))
+    D, H = int(G[G_D]), int(G[G_HMAX])
+    P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
+    if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq
+        nf += K * D + 3 * P * H
+        ni += P * H
+    return nf, ni
+
+
+@numba.njit(cache=True)
+def carve(work, G):
+    """Named float32 scratch views of ``work`` (see work_sizes)."""
+    D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
+    H, E, W = G[G_HMAX], G[G_EMAX], G[G_WIN]
+    big = max(2 * Di, 3 * D)
+    wide = max(D, max(Di, H))
+    o = 0
+    x = work[o:o + D]
+    o += D
+    xn = work[o:o + D]
+    o += D
+    acc = work[o:o + D]
+    o += D
+    eo = work[o:o + D]
+    o += D
+    uz = work[o:o + big]
+    o += big
+    uc = work[o:o + Di]
+    o += Di
+    dbc = work[o:o + R + 2 * N]
+    o += R + 2 * N
+    dt = work[o:o + Di]
+    o += Di
+    y = work[o:o + Di]
+    o += Di
+    g = work[o:o + H]
+    o += H
+    u = work[o:o + H]
+    o += H
+    sc = work[o:o + W]
+    o += W
+    pr = work[o:o + E]
+    o += E
+    wk = work[o:o + E]
+    o += E
+    xd = work[o:o + wide]
+    o += wide
+    hd = work[o:o + H]
+    return x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd
+
+
+@numba.njit(cache=True)
+def carve_experts(work, iwork, G):
+    """Expert-parallel scratch after carve's and icarve's: eo_all (K, D) one output per
+    chosen expert, and per thread slot g, u, hd (P, H) float32 and hq (P, H) int8."""
+    D, H, P, K = G[G_D], G[G_HMAX], G[G_THREADS], G[G_TOPK_MAX]
+    o, oi = base_work_sizes(G)
+    eo_all = work[o:o + K * D].reshape(K, D)
+    o += K * D
+    gs = work[o:o + P * H].reshape(P, H)
+    o += P * H
+    us = work[o:o + P * H].reshape(P, H)
+    o += P * H
+    hds = work[o:o + P * H].reshape(P, H)
+    hqs = iwork[oi:oi + P * H].reshape(P, H)
+    return eo_all, gs, us, hds, hqs
+
+
+@numba.njit(cache=True)
+def icarve(iwork, G):
+    """int8 scratch: xq (widest input) and hq (hidden units)."""
+    wide = max(G[G_D], max(G[G_DI], G[G_HMAX]))
+    return iwork[:wide], iwork[wide:wide + G[G_HMAX]]
+
+
+# ---- elementwise ------------------------------------------------------------------------
+
+
+@numba.njit(inline="always", **JIT)
+def silu(v):
+    """v * sigmoid(v), with the vectorisable exp of non-positive arguments."""
+    e = fexp_nonpos(-abs(v))  # exp(-|v|)
+    r = ONE / (ONE + e)
+    return v * (r if v >= ZERO else e * r)
+
+
+@numba.njit(inline="always", **JIT)
+def softplus(v):
+    """log(1 + exp(v)) as torch computes it (v above 20 passes through):
+    max(v, 0) + log1p(exp(-|v|)), log1p(z) = 2 atanh(z / (2 + z)) by its series (z <= 1)."""
+    z = fexp_nonpos(-abs(v))
+    s = z / (np.float32(2.0) + z)  # <= 1/3
+    s2 = s * s
+    p = np.float32(1.0 / 17.0)
+    p = p * s2 + np.float32(1.0 / 15.0)
+    p = p * s2 + np.float32(1.0 / 13.0)
+    p = p * s2 + np.float32(1.0 / 11.0)
+    p = p * s2 + np.float32(1.0 / 9.0)
+    p = p * s2 + np.float32(1.0 / 7.0)
+    p = p * s2 + np.float32(1.0 / 5.0)
+    p = p * s2 + np.float32(1.0 / 3.0)
+    p = p * s2 + ONE
+    r = max(v, ZERO) + np.float32(2.0) * s * p
+    return v if v > np.float32(20.0) else r
+
+
+@numba.njit(**JIT)
+def softmax(v):
+    """In place: v = exp(v - max(v)) / sum(exp(v - max(v))) (float32)."""
+    m = np.float32(-np.inf)
+    for i in range(v.shape[0]):
+        m = max(m, v[i])
+    tot = np.float32(0.0)
+    for i in range(v.shape[0]):
+        e = fexp_nonpos(v[i] - m)
+        v[i] = e
+        tot += e
+    for i in range(v.shape[0]):
+        v[i] = v[i] / tot
+
+
+@numba.njit(**JIT)
+def rmsnorm(x, g, eps, out):
+    """out = x / sqrt(mean(x**2) + eps) * g (mean accumulated in float64)."""
+    n = x.shape[0]
+    ss = 0.0
+    for i in range(n):
+        v = np.float64(x[i])
+        ss += v * v
+    rms = np.float32(np.sqrt(np.float32(np.float32(ss / n) + np.float32(eps))))
+    for i in range(n):
+        out[i] = np.float32(x[i] / rms) * g[i]
+
+
+@numba.njit(cache=True)
+def quant(G, x, xq, xd, eps):
+    """BitLinear activation quantization of ``x`` into ``xq``; returns the scale. In the fp32
+    rung also writes the dequantized activation ``xd = xq * scale`` (what a dense fp32
+    matvec multiplies)."""
+    n = x.shape[0]
+    xs = quantize_act(x, xq[:n], eps)
+    if G[G_KERNEL] == KERNEL_FP32:
+        for i in range(n):
+            xd[i] = np.float32(xq[i]) * xs
+    return xs
+
+
+# ---- matrices ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def routed_globals(G):
+    """The globals the routed experts run with (G's second row: their stream threshold)."""
+    return G[N_GLOBALS:2 * N_GLOBALS]
+
+
+@numba.njit(cache=True, inline="always")
+def par(G, n_weights):
+    """Split this matrix over threads? Only with threads > 1 and at least G_PAR_MIN weights:
+    a parallel region costs microseconds (far more on a busy machine), more than a small
+    matvec. Per-row arithmetic is the same either way, so results do not change."""
+    return G[G_PAR] != 0 and n_weights >= G[G_PAR_MIN]
+
+
+@numba.njit(cache=True)
+def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
+    """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary kernel, or the
+    dequantized fp32 matrix times xd in the fp32 rung."""
+    if G[G_KERNEL] == KERNEL_FP32:
+        W = f32(buf, aux, w_addr, rows * cols).reshape(rows, cols)
+        if par(G, rows * cols):
+            matvec_fp32_parallel_nb(W, xd[:cols], out[:rows])
+        else:
+            matvec_fp32_nb(W, xd[:cols], out[:rows])
+        return
+    rb = (cols + 3) // 4
+    P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
+    S = f32(buf, aux, s_addr, rows)
+    stream = G[G_STREAM_RB] != 0 and G[G_STREAM_RB] <= rb <= G[G_STREAM_RB_MAX]  # same sums either way
+    if par(G, rows * cols):
+        if stream:
+            ternary_matvec_stream_par(P, S, xq[:cols], xs, out[:rows])
+        else:
+            ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
+    elif stream:
+        ternary_matvec_stream(P, S, xq[:cols], xs, out[:rows])
+    else:
+        ternary_matvec(P, S, xq[:cols], xs, out[:rows])
+
+
+@numba.njit(cache=True)
+def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
+    """out (D,) = down (D, H) @ h: with activation skip the transposed layout and
+    ternary_matvec_skip (columns of zero hidden units untouched), else a plain matvec."""
+    if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
+        rb = (D + 3) // 4
+        P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
+        if par(G, D * H):
+            ternary_matvec_skip_par(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
+        else:
+            ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
+    else:
+        bitlinear(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out)
+
+
+@numba.njit(cache=True)
+def down_bytes(G, D, H):
+    if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
+        return H * ((D + 3) // 4)
+    return mat_bytes(G, D, H)
+
+
+@numba.njit(cache=True)
+def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out):
+    """out (D,) = down(act(gate(x), up(x))) for one expert whose input is already quantized
+    (xq, xs, xd). Uses g, u, hd (H,) and hq (H,) as scratch."""
+    D = G[G_D]
+    bitlinear(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g)
+    bitlinear(buf, aux, G, ua, usa, H, D, xq, xs, xd, u)
+    act = G[G_ACT]
+    zero = np.float32(0.0)
+    for j in range(H):
+        if act == ACT_DRELU:
+            g[j] = max(g[j], zero) * max(u[j], zero)
+        elif act == ACT_RELU2:
+            r = max(g[j], zero)
+            g[j] = (r * r) * u[j]
+        else:
+            g[j] = silu(g[j]) * u[j]
+    hs = quant(G, g[:H], hq, hd, eps)
+    down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out)
+
+
+# ---- mixers ------------------------------------------------------------------------------
+
+
+@numba.njit(**JIT)
+def causal_conv(cw, cb, tail, u, uc):
+    """uc = silu(depthwise causal conv of u over time + bias); shifts u into ``tail``.
+    cw (K, Di) (the stored (Di, K) transposed), tail (K-1, Di): inputs t-K+1 .. t-1."""
+    K, Di = cw.shape
+    for i in range(Di):
+        uc[i] = cw[K - 1, i] * u[i]
+    for j in range(K - 1):
+        for i in range(Di):
+            uc[i] += cw[j, i] * tail[j, i]
+    for i in range(Di):
+        uc[i] = silu(uc[i] + cb[i])
+    for j in range(K - 2):
+        tail[j, :] = tail[j + 1, :]
+    if K > 1:
+        tail[K - 2, :] = u
+
+
+@numba.njit(**JIT)
+def selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
+    """One step of the selective scan (docs/MODEL.md), every loop running over the Di
+    channels so it vectorises: dt = softplus(dt_proj.weight @ dtl + bias);
+    h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z).
+    Transposed layouts: dtwT (R, Di), AT (N, Di), state hT (N, Di)."""
+    N, Di = AT.shape
+    R = dtwT.shape[0]
+    for i in range(Di):
+        dt[i] = dtb[i]
+    for r in range(R):
+        d = dbc[r]
+        for i in range(Di):
+            dt[i] += dtwT[r, i] * d
+    for i in range(Di):
+        dt[i] = softplus(dt[i])
+        y[i] = Dp[i] * uc[i]
+    for n in range(N):
+        b = dbc[R + n]
+        c = dbc[R + N + n]
+        for i in range(Di):
+            hv = fexp_nonpos(dt[i] * AT[n, i]) * hT[n, i] + (dt[i] * uc[i]) * b
+            hT[n, i] = hv
+            y[i] += hv * c
+    for i in range(Di):
+        y[i] = y[i] * silu(z[i])
+
+
+@numba.njit(cache=True)
+def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, y, xd, out):
+    """Selective SSM step of layer l (state index si): out (D,) from xn (D,)."""
+    D, Di, N, R, K = G[G_D], G[G_DI], G[G_N], G[G_R], G[G_K]
+    xs = quant(G, xn, xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 2 * Di, D, xq, xs, xd, uz)
+    cw = f32(buf, aux, T[l, F_CONV_W], K * Di).reshape(K, Di)  # transposed at load
+    cb = f32(buf, aux, T[l, F_CONV_B], Di)
+    causal_conv(cw, cb, conv[si], uz[:Di], uc)
+    xs = quant(G, uc, xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_XP], T[l, F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc)
+    dtwT = f32(buf, aux, T[l, F_DT_W], R * Di).reshape(R, Di)  # transposed at load
+    dtb = f32(buf, aux, T[l, F_DT_B], Di)
+    AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)  # -exp(A_log), transposed at load
+    Dp = f32(buf, aux, T[l, F_D], Di)
+    selective_scan_step(dtwT, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
+    xs = quant(G, y, xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, Di, xq, xs, xd, out)
+
+
+@numba.njit(**JIT)
+def attend(q, kc, vc, t, NH, sc, y):
+    """y[:D] = softmax(q k / sqrt(hd)) v per head over the ring buffers kc, vc (W, D) at
+    position t (the last min(t + 1, W) slots, oldest first); q (D,), sc (>= W,) scratch."""
+    W, D = kc.shape
+    hd = D // NH
+    n = min(t + 1, W)
+    scale = np.float32(1.0 / np.sqrt(np.float32(hd)))
+    for hh in range(NH):
+        o = hh * hd
+        for j in range(n):  # oldest position first
+            sj = (t - n + 1 + j) % W
+            s = np.float32(0.0)
+            for c in range(hd):
+                s += q[o + c] * kc[sj, o + c]
+            sc[j] = s * scale
+        softmax(sc[:n])
+        for c in range(hd):
+            y[o + c] = 0.0
+        for j in range(n):
+            sj = (t - n + 1 + j) % W
+            p = sc[j]
+            for c in range(hd):
+                y[o + c] += p * vc[sj, o + c]
+
+
+@numba.njit(**JIT)
+def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out):
+    """Sliding-window attention step of layer l (cache index ai) at position t."""
+    D, W, NH = G[G_D], G[G_WIN], G[G_NH]
+    xs = quant(G, xn, xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz)
+    slot = t % W
+    for i in range(D):
+        kc[ai, slot, i] = uz[D + i]
+        vc[ai, slot, i] = uz[2 * D + i]
+    attend(uz[:D], kc[ai], vc[ai], t, NH, sc, y)
+    xs = quant(G, y[:D], xq, xd, eps)
+    bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, D, xq, xs, xd, out)
+
+
+# ---- per-layer steps (called from Python in the unfused rung, from token_step fused) -----
+
+
+@numba.njit(cache=True)
+def embed_step(buf, aux, G, token, work):
+    """x = embedding row of ``token`` (fp32, or int8 row times its scale)."""
+    D = G[G_D]
+    x = work[:D]
+    if G[G_EMBED_INT8]:
+        q = u8(buf, aux, G[G_EMBED] + 2 * token * D, D).view(np.int8)
+        s = f32(buf, aux, G[G_EMBED_S] + 8 * token, 1)[0]
+        for i in range(D):
+            x[i] = np.float32(q[i]) * s
+    else:
+        row = f32(buf, aux, G[G_EMBED] + 8 * token * D, D)
+        for i in range(D):
+            x[i] = row[i]
+
+
+@numba.njit(cache=True)
+def mixer_step(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork):
+    """x += Mixer_l(RMSNorm(x; norm1)) for layer l."""
+    x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = carve(work, G)
+    xq, hq = icarve(iwork, G)
+    D = G[G_D]
+    rmsnorm(x, f32(buf, aux, T[l, F_NORM1], D), eps, xn)
+    if LI[l, L_KIND] == KIND_SSM:
+        ssm_mixer(buf, aux, G, T, l, LI[l, L_STATE], eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt,
+                  y, xd, acc)
+    else:
+        attn_mixer(buf, aux, G, T, l, LI[l, L_STATE], eps, pos[0], kc, vc, xn, xq, uz, y, sc,
+                   xd, acc)
+    for i in range(D):
+        x[i] += acc[i]
+
+
+@numba.njit(**JIT)
+def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
+    """MoE routing of layer l (fp32, docs/MODEL.md): softmax over router logits, the top_k
+    largest probabilities (ties: lower index), renormalised weights. Writes chosen (top_k,)
+    in ascending expert order and their weights."""
+    D, E, k = G[G_D], LI[l, L_E], LI[l, L_TOPK]
+    Wr = f32(buf, aux, T[l, F_ROUTER], E * D).reshape(E, D)
+    for e in range(E):
+        s = np.float32(0.0)
+        for d in range(D):
+            s += Wr[e, d] * xn[d]
+        pr[e] = s
+    softmax(pr[:E])
+    # top-k by repeated selection (strict > keeps the lower index on ties), then ascending
+    for j in range(k):
+        best = -1
+        for e in range(E):
+            taken = False
+            for jj in range(j):
+                if chosen[jj] == e:
+                    taken = True
+            if not taken and (best < 0 or pr[e] > pr[best]):
+                best = e
+        chosen[j] = best
+    psum = np.float32(0.0)
+    for j in range(k):
+        psum += pr[chosen[j]]
+    for j in range(k):  # insertion sort ascending by expert index
+        v = chosen[j]
+        jj = j
+        while jj > 0 and chosen[jj - 1] > v:
+            chosen[jj] = chosen[jj - 1]
+            jj -= 1
+        chosen[jj] = v
+    for j in range(k):
+        weights[j] = pr[chosen[j]] / psum
+
+
+@numba.njit(cache=True, parallel=True)
+def routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs):
+    """eo_all[j] (D,) = expert chosen[j]'s output for j < k, the experts split over the
+    thread slots (slot c takes j = c, c + P, ...), each expert on one thread with the
+    single-thread kernels (``Gs``: G with G_PAR = 0), so every output is bit-identical to
+    the sequential path's."""
+    D = Gs[G_D]
+    P = gs.shape[0]
+    mb, db = 2 * mat_bytes(Gs, H, D), 2 * down_bytes(Gs, D, H)
+    for c in numba.prange(P):
+        for j in range(c, k, P):
+            e = chosen[j]
+            gated_mlp(buf, aux, Gs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                      T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[c], us[c], hqs[c], hds[c], eps, eo_all[j])
+
+
+@numba.njit(cache=True, inline="always")
+def experts_parallel(G, k, H):
+    """Split the routed experts over threads (one parallel region per layer instead of one
+    per matrix)? With threads > 1, the MoE skip, >= 2 chosen experts and at least
+    G_PAR_MIN weights of chosen experts in all."""
+    return G[G_PAR] != 0 and G[G_MOE_SKIP] != 0 and k >= 2 and 3 * k * H * G[G_D] >= G[G_PAR_MIN]
+
+
+@numba.njit(cache=True)
+def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
+    """x += FFN_l(RMSNorm(x; norm2)): the shared experts (or the dense MLP, stored as one
+    shared expert) always, then the top_k routed experts (MoE skip) or every expert with
+    weight zero for those not chosen (masked). Records the choice in counts / last."""
+    if T[l, F_NORM2] < 0:
+        return
+    x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = carve(work, G)
+    xq, hq = icarve(iwork, G)
+    D = G[G_D]
+    rmsnorm(x, f32(buf, aux, T[l, F_NORM2], D), eps, xn)
+    xs = quant(G, xn, xq, xd, eps)
+    for i in range(D):
+        acc[i] = 0.0
+    H = LI[l, L_HSH]
+    for s in range(LI[l, L_NSH]):
+        mb, db = 2 * s * mat_bytes(G, H, D), 2 * s * down_bytes(G, D, H)
+        gated_mlp(buf, aux, G, T[l, F_SG] + mb, T[l, F_SG_S] + 8 * s * H, T[l, F_SU] + mb,
+                  T[l, F_SU_S] + 8 * s * H, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D, H,
+                  xq, xs, xd, g, u, hq, hd, eps, eo)
+        for i in range(D):
+            acc[i] += eo[i]
+    mi = LI[l, L_MOE]
+    if mi >= 0:
+        E, H, k = LI[l, L_E], LI[l, L_HE], LI[l, L_TOPK]
+        chosen = last[mi]
+        route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
+        for j in range(k):
+            counts[mi, chosen[j]] += 1
+        if experts_parallel(G, k, H):
+            eo_all, gs, us, hds, hqs = carve_experts(work, iwork, G)
+            Gs = routed_globals(G).copy()
+            Gs[G_PAR] = 0
+            routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs)
+            for j in range(k):  # same order and arithmetic as the sequential loop below
+                w = wk[j]
+                for i in range(D):
+                    acc[i] += w * eo_all[j, i]
+        else:
+            Gr = routed_globals(G)
+            mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
+            j = 0
+            for e in range(E):
+                w = np.float32(0.0)
+                if j < k and chosen[j] == e:
+                    w = wk[j]
+                    j += 1
+                elif G[G_MOE_SKIP]:
+                    continue
+                gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                          T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                          T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
+                for i in range(D):
+                    acc[i] += w * eo[i]
+    for i in range(D):
+        x[i] += acc[i]
+
+
+@numba.njit(inline="always", **JIT)
+def _int8w_row(Wq, x, r):
+    """sum_c Wq[r, c] * x[c] in float32 (the one per-row order both variants use)."""
+    s = ZERO
+    for c in range(Wq.shape[1]):
+        s += np.float32(Wq[r, c]) * x[c]
+    return s
+
+
+@numba.njit(**JIT)
+def matvec_int8w(Wq, scale, x, out):
+    """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
+    (embedding / head, per-row absmax scale) times a full-precision activation."""
+    for r in range(Wq.shape[0]):
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
+
+
+@numba.njit(parallel=True, **JIT)
+def matvec_int8w_par(Wq, scale, x, out):
+    """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
+    for r in numba.prange(Wq.shape[0]):
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
+
+
+@numba.njit(cache=True)
+def head_step(buf, aux, G, T, eps, work, iwork, logits):
+    """logits (V,) = Head(RMSNorm(x; norm_f))."""
+    x, xn = work[:G[G_D]], work[G[G_D]:2 * G[G_D]]
+    D, V = G[G_D], G[G_V]
+    rmsnorm(x, f32(buf, aux, G[G_NORM_F], D), eps, xn)
+    if G[G_HEAD_INT8]:
+        Wq = u8(buf, aux, G[G_HEAD], V * D).view(np.int8).reshape(V, D)
+        S = f32(buf, aux, G[G_HEAD_S], V)
+        if par(G, V * D):
+            matvec_int8w_par(Wq, S, xn, logits)
+        else:
+            matvec_int8w(Wq, S, xn, logits)
+        return
+    W = f32(buf, aux, G[G_HEAD], V * D).reshape(V, D)
+    if par(G, V * D):
+        matvec_fp32_parallel_nb(W, xn, logits)
+    else:
+        matvec_fp32_nb(W, xn, logits)
+
+
+@numba.njit(cache=True)
+def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, iwork, counts,
+               last, logits):
+    """The fused per-token loop: embed, every layer's mixer and FFN, head; pos += 1."""
+    embed_step(buf, aux, G, token, work)
+    for l in range(G[G_NL]):
+        mixer_step(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork)
+        ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last)
+    head_step(buf, aux, G, T, eps, work, iwork, logits)
+    pos[0] += 1
+
+
+# ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
+_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py")
+drop_stale_cache(__file__, _DEPS, token_step)

@@ -1,0 +1,130 @@
+"""`tern bench`: decode benchmarks (ladder, sweep) from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tern.measure.ladder import render_ladder, run_ladder
+from tern.measure.sweep import (
+    accuracy,
+    calibrate,
+    default_points,
+    pair_summary,
+    preset_points,
+    render_rows,
+    run_sweep,
+)
+
+
+def _configure_ladder(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="packed model file (default: the trained sandbox checkpoint "
+                                   "under --results, exported; else a random sandbox model)")
+    p.add_argument("--preset", default="sandbox", help="preset when no --model is given")
+    p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/ladder.jsonl)")
+    p.add_argument("--tokens", type=int, default=64, help="timed tokens per repeat (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per rung (default 3, median reported)")
+    p.add_argument("--warmup", type=int, default=16, help="warm-up tokens before timing")
+    p.add_argument("--bpb-tokens", type=int, default=4096, help="validation tokens scored per rung (0: skip)")
+    p.add_argument("--threads", type=int, default=1, help="numba threads (1 is the reference figure)")
+    p.add_argument("--quick", action="store_true", help="fewer tokens and BPB tokens (smoke runs)")
+    p.add_argument("--no-record", action="store_true", help="do not append rows to ladder.jsonl")
+
+
+def _run_ladder(args: argparse.Namespace) -> dict[str, Any]:
+    tokens, bpb_tokens = args.tokens, args.bpb_tokens
+    if args.quick:
+        tokens, bpb_tokens = min(tokens, 32), min(bpb_tokens, 256)
+    return run_ladder(args.model, args.results, args.preset, tokens=tokens, repeats=args.repeats,
+                      warmup=args.warmup, bpb_tokens=bpb_tokens, threads=args.threads,
+                      record=not args.no_record, command="tern " + " ".join(sys.argv[1:]))
+
+
+# name -> (help, configure(parser), run(args) -> dict, render(dict) -> str)
+
+
+JSON_FIELDS = """\
+  ladder: bench, model, source, threads, speedup (last rung / baseline), overhead {step_s,
+    njit_s, overhead_s, overhead_frac}, targets {..., speedup_met, tok_per_s_met},
+    rows: [{rung, rung_index, kernel, act_skip, moe_skip, fused, tok_per_s {median, min,
+    max, iqr, spread_rel, repeats}, us_per_token {...}, speedup_vs_baseline, bpb, bpb_tokens,
+    host, cpu, threads, versions, git_commit, timestamp}]
+  sweep: bench, records, host, calibration {per_token_overhead_s[_tN], bandwidth_efficiency[_tN]},
+    points: [see tern.measure.sweep.JSON_FIELDS], accuracy {n, median_ratio, worst_ratio, within_25pct},
+    pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]"""
+
+
+def cli_configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench_command", metavar="<benchmark>", required=True)
+    for name, (help_, configure, run, render) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print exactly one JSON object on stdout (logs go to stderr)")
+        configure(sp)
+        sp.set_defaults(_bench_run=run, _bench_render=render)
+
+
+def cli_run(args: argparse.Namespace) -> dict[str, Any]:
+    return args._bench_run(args)
+
+
+def cli_render(result: dict[str, Any]) -> str:
+    return SUBCOMMANDS[result["bench"]][3](result)
+
+
+def cli_configure_sweep(p: Any) -> None:
+    p.add_argument("--quick", action="store_true", help="a few small points (CI; seconds)")
+    p.add_argument("--threads", type=int, nargs="*", default=None,
+                   help="thread counts (default: 1 and all cores; --quick: 1)")
+    p.add_argument("--results", default="results", help="results folder (default: results)")
+    p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="use the profile's calibration as is (default: measure it first)")
+    p.add_argument("--pair", action="store_true", help="also measure the 105m / 206m presets")
+
+
+def cli_run_sweep(args: Any) -> dict[str, Any]:
+    from tern.core.paths import results_dir
+    from tern.predict.hosts import resolve_host
+
+    threads = args.threads or ([1] if args.quick else sorted({1, os.cpu_count() or 1}))
+    if any(t < 1 for t in threads):  # before any probing or model building
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    out = results_dir(args.results)
+    host = resolve_host(args.host, results=out, probe_if_missing=True)
+    cal: dict[str, float] = dict(host.calibration)
+    if not args.no_calibrate:
+        host, cal = calibrate(host, out / "models", threads=threads, quick=args.quick)
+        host.save(out / "host_profile_calibrated.json")
+    pts = default_points(quick=args.quick, threads=threads)
+    if args.pair:
+        pts += preset_points(threads=threads, tokens=16 if args.quick else 64)
+    records = out / "bench" / "sweep.jsonl"
+    rows = run_sweep(pts, records, out / "models", host)
+    return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
+            "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
+            "pair": pair_summary(rows)}
+
+
+def cli_render_sweep(r: dict[str, Any]) -> str:
+    acc = r["accuracy"]
+    lines = [render_rows(r["points"]), "",
+             f"calibration: {r['calibration']}",
+             f"accuracy: {acc.get('n')} points, median measured/predicted {acc.get('median_ratio', 0):.3f}, "
+             f"worst {acc.get('worst_ratio', 0):.3f}, within ±25 %: {acc.get('within_25pct', 0):.0%}"]
+    for p in r["pair"]:
+        lines.append(f"105m vs 206m at {p['threads']} thread(s): {p['105m_tok_per_s']:.1f} vs "
+                     f"{p['206m_tok_per_s']:.1f} tok/s (ratio {p['measured_ratio']:.3f})")
+    lines.append(f"records: {r['records']}")
+    return "\n".join(lines)
+
+
+SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
+    "ladder": ("ablation ladder: tok/s and BPB of each engine optimization on the sandbox",
+               _configure_ladder, _run_ladder, render_ladder),
+    "sweep": ("decode sweeps from cache-resident to DRAM-bound: measured vs predicted tok/s",
+              cli_configure_sweep, cli_run_sweep, cli_render_sweep),
+}

@@ -1,0 +1,368 @@
+"""Decode sweeps: measured tok/s against the roofline's prediction, from cache-resident to
+DRAM-bound models (random weights from ``random_model``; no training needed).
+
+Families
+- ``fixed_active``: one active budget, total grown by adding routed experts (the knee:
+  tok/s falls while the working set leaves the cache, then follows only the router bytes).
+- ``fixed_total``: one expert pool, active grown through top-k.
+
+Each point runs in a fresh subprocess (``python -m tern.measure.sweep_worker``) so its peak RSS is
+its own; models are cached by config hash under ``models_dir``. Rows are appended to a
+JSONL file as each point finishes, so an interrupted sweep resumes and a larger sweep
+reuses every finished point (same key = same config, threads, tokens and repeats).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tern.core.config import ModelConfig, param_counts
+from tern.core.host_profile import HostProfile
+from tern.core.records import append_jsonl, read_jsonl, run_metadata
+
+# Engine/measurement protocol version: bump when the measurement changes meaning.
+MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
+
+JSON_FIELDS = """\
+  records: path of the JSONL file; host: host profile label
+  points: [{key, family, budget, name, threads, total_params, active_params, total_bytes,
+            active_bytes, file_bytes, tok_per_s (median), tok_per_s_min, tok_per_s_max,
+            repeats, tokens, peak_rss_bytes, predicted_tok_per_s, ratio (measured/predicted),
+            predicted_bound, predicted_model (op-cost | roofline), predicted_compute_s,
+            predicted_stall_s, predicted_overhead_s (seconds per token), reused (bool: read
+            back from the records)}]
+  accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
+
+
+# ---- families -------------------------------------------------------------------------------
+# Active budgets. Routers are int8 and the tied embedding/head int8, so that the streamed
+# experts and the mixers dominate the bytes per token (see docs/MODEL.md, MoE layer).
+BUDGETS: dict[str, ModelConfig] = {
+    "4m": ModelConfig(
+        name="sweep-4m", vocab_size=1024, d_model=256, n_layers=4, attn_layers=(2,), n_heads=4,
+        mlp_hidden=0, moe_layers=(1, 3), n_experts=1, top_k=1, expert_hidden=2048,
+        embed_format="int8", head_format="int8", router_format="int8"),
+    "30m": ModelConfig(
+        name="sweep-30m", vocab_size=1024, d_model=512, n_layers=6, attn_layers=(3,), n_heads=8,
+        mlp_hidden=0, moe_layers=(1, 3, 5), n_experts=1, top_k=1, expert_hidden=4096,
+        embed_format="int8", head_format="int8", router_format="int8"),
+}
+# Coarse experts (hidden 2048 / 4096, top-1): a router costs E x D bytes per MoE layer, i.e.
+# ~1.33/hidden of the expert bytes in int8, so at 2 GB total only large experts keep the
+# router small against a few MB of active bytes. Granular experts are studied by the gates.
+
+
+def experts_for_total_bytes(base: ModelConfig, total_bytes: float) -> int:
+    """Routed experts per layer that bring ``base`` to about ``total_bytes`` packed."""
+    one = param_counts(base.replace(n_experts=max(base.top_k, 1)))
+    two = param_counts(base.replace(n_experts=max(base.top_k, 1) + 1))
+    per_expert = two.total.bytes - one.total.bytes
+    extra = max(total_bytes - one.total.bytes, 0)
+    return max(base.top_k, int(round(max(base.top_k, 1) + extra / per_expert)))
+
+
+def fixed_active_family(budget: str, max_total_bytes: float = 2.2e9,
+                        points_per_octave: float = 1.0) -> list[ModelConfig]:
+    """Configs with the budget's active params and totals from the smallest (top_k
+    experts) up to ``max_total_bytes``, about ``points_per_octave`` per doubling."""
+    base = _budget(budget)
+    lo = param_counts(base.replace(n_experts=base.top_k)).total.bytes
+    n = max(int(round(points_per_octave * max(1.0, math.log2(max_total_bytes / lo)))), 1)
+    out, seen = [], set()
+    for i in range(n + 1):
+        tb = lo * (max_total_bytes / lo) ** (i / n)
+        e = experts_for_total_bytes(base, tb)
+        if e not in seen:
+            seen.add(e)
+            out.append(base.replace(name=f"{base.name}-e{e}", n_experts=e))
+    return out
+
+
+def fixed_total_family(budget: str, n_experts: int = 64, top_ks: Iterable[int] = (1, 2, 4, 8, 16)
+                       ) -> list[ModelConfig]:
+    """Configs sharing one expert pool (``n_experts`` per layer) with growing top-k."""
+    base = _budget(budget)
+    return [base.replace(name=f"{base.name}-e{n_experts}-k{k}", n_experts=n_experts, top_k=k)
+            for k in top_ks if k <= n_experts]
+
+
+def _budget(name: str) -> ModelConfig:
+    try:
+        return BUDGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown sweep budget {name!r}; budgets: {', '.join(BUDGETS)}") from None
+
+
+# ---- points ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    family: str  # "fixed_active" | "fixed_total" | "preset"
+    budget: str
+    config: ModelConfig
+    threads: int
+    tokens: int = 64
+    repeats: int = 3
+    warmup: int = 16
+
+    def __post_init__(self) -> None:
+        if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"bad sweep point settings: threads={self.threads}, "
+                             f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps({"config": self.config.to_dict(), "threads": self.threads,
+                           "tokens": self.tokens, "repeats": self.repeats, "warmup": self.warmup,
+                           "v": MEASURE_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def model_hash(cfg: ModelConfig) -> str:
+    return hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+
+
+def default_points(quick: bool = False, threads: Iterable[int] | None = None) -> list[SweepPoint]:
+    """The sweep the notebooks and `tern bench sweep` run (``quick``: a few small points)."""
+    if threads is None:
+        threads = (1,) if quick else sorted({1, os.cpu_count() or 1})
+    pts: list[SweepPoint] = []
+    for t in threads:
+        if quick:
+            for cfg in fixed_active_family("4m", max_total_bytes=6e6, points_per_octave=0.5):
+                pts.append(SweepPoint("fixed_active", "4m", cfg, t, tokens=16, repeats=3, warmup=4))
+            continue
+        for b in BUDGETS:
+            for cfg in fixed_active_family(b):
+                pts.append(SweepPoint("fixed_active", b, cfg, t))
+        for cfg in fixed_total_family("30m"):
+            pts.append(SweepPoint("fixed_total", "30m", cfg, t))
+    return pts
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+Measure = Callable[[Path, SweepPoint], dict[str, Any]]
+
+
+def ensure_model(cfg: ModelConfig, models_dir: Path) -> Path:
+    """The random packed model for ``cfg`` (built once, reused by hash)."""
+    from tern.packed.writer import random_model
+
+    path = Path(models_dir) / f"{cfg.name}-{model_hash(cfg)}.tern"
+    if not path.exists():
+        random_model(cfg, path, seed=0)
+    return path
+
+
+def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800) -> dict[str, Any]:
+    """Run the decode measurement in a fresh interpreter (own peak RSS); returns its JSON."""
+    cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
+           "--tokens", str(point.tokens), "--repeats", str(point.repeats),
+           "--warmup", str(point.warmup)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n"
+                           f"{r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, Any]:
+    from tern.predict.roofline import predict
+
+    p = predict(cfg, host, threads=threads)
+    return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
+            "hot_bytes": p.hot_bytes, "predicted_model": p.model,
+            "predicted_compute_s": p.resident.compute_s + p.streamed.compute_s,
+            "predicted_stall_s": p.resident.stall_s + p.streamed.stall_s,
+            "predicted_overhead_s": p.overhead_s}
+
+
+def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
+              host: HostProfile, measure: Measure = measure_in_subprocess,
+              progress: bool = True, keep_models: bool = True) -> list[dict[str, Any]]:
+    """Measure every point not already in ``records``; returns all points' rows in order."""
+    from tqdm.auto import tqdm
+
+    records, models_dir = Path(records), Path(models_dir)
+    done = {r["key"]: r for r in read_jsonl(records) if r.get("kind") == "sweep_point"}
+    rows = []
+    todo = [p for p in points if p.key not in done]
+    bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
+    for p in points:
+        if p.key in done:  # the measurement is reused; the prediction is this host's, now
+            row = {**done[p.key], **predicted(p.config, host, p.threads), "host_label": host.label, "reused": True}
+            row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]
+            rows.append(row)
+            continue
+        bar.set_postfix_str(f"{p.config.name} t{p.threads}")
+        path = ensure_model(p.config, models_dir)
+        t0 = time.perf_counter()
+        m = measure(path, p)
+        pc = param_counts(p.config)
+        row = {
+            "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
+            "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,
+            "total_params": pc.total.params, "active_params": pc.active.params,
+            "total_bytes": pc.total.bytes, "active_bytes": pc.active.bytes,
+            "resident_bytes": pc.resident.bytes, "streamed_bytes": pc.streamed.bytes,
+            "file_bytes": path.stat().st_size, "tokens": p.tokens, "warmup": p.warmup,
+            **{k: m[k] for k in ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "repeats",
+                                 "samples_tok_per_s", "peak_rss_bytes") if k in m},
+            **predicted(p.config, host, p.threads), "host_label": host.label,
+            "measure_wall_s": time.perf_counter() - t0, **run_metadata(p.threads),
+        }
+        row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]
+        append_jsonl(records, row)
+        rows.append({**row, "reused": False})
+        bar.update(1)
+    bar.close()
+    return rows
+
+
+def accuracy(rows: list[dict[str, Any]]) -> dict[str, float]:
+    import statistics
+
+    ratios = [r["ratio"] for r in rows]
+    if not ratios:
+        return {"n": 0}
+    return {"n": len(ratios), "median_ratio": statistics.median(ratios),
+            "worst_ratio": max(ratios, key=lambda x: abs(x - 1.0)),
+            "within_25pct": sum(abs(x - 1) <= 0.25 for x in ratios) / len(ratios)}
+
+
+def preset_points(names: Iterable[str] = ("105m", "206m"), threads: Iterable[int] = (1,),
+                  tokens: int = 64, repeats: int = 3, warmup: int = 16) -> list[SweepPoint]:
+    """Points for named presets (e.g. the 105M / 206M pair with equal active params)."""
+    from tern.core.config import get_preset
+
+    return [SweepPoint("preset", n, get_preset(n), t, tokens, repeats, warmup)
+            for t in threads for n in names]
+
+
+def pair_summary(rows: list[dict[str, Any]], a: str = "105m", b: str = "206m") -> list[dict[str, Any]]:
+    """Per thread count: measured and predicted tok/s of presets ``a`` and ``b`` and the
+    measured ratio b/a (1.0 = equal speed at twice the total)."""
+    out = []
+    for t in sorted({r["threads"] for r in rows if r["family"] == "preset"}):
+        ra = next((r for r in rows if r["family"] == "preset" and r["budget"] == a and r["threads"] == t), None)
+        rb = next((r for r in rows if r["family"] == "preset" and r["budget"] == b and r["threads"] == t), None)
+        if ra and rb:
+            out.append({"threads": t, f"{a}_tok_per_s": ra["tok_per_s"], f"{b}_tok_per_s": rb["tok_per_s"],
+                        f"{a}_predicted": ra["predicted_tok_per_s"], f"{b}_predicted": rb["predicted_tok_per_s"],
+                        "measured_ratio": rb["tok_per_s"] / ra["tok_per_s"],
+                        f"{a}_total_params": ra["total_params"], f"{b}_total_params": rb["total_params"]})
+    return out
+
+
+def render_rows(rows: list[dict[str, Any]]) -> str:
+    """A text table of sweep points: predicted, measured, ratio, peak RSS."""
+    head = (f"{'point':<24} {'thr':>3} {'total MB':>9} {'active MB':>9} {'pred tok/s':>10} "
+            f"{'meas tok/s':>10} {'ratio':>6} {'bound':>7} {'RSS MiB':>8}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['name'][:24]:<24} {r['threads']:>3} {r['total_bytes'] / 1e6:9.1f} "
+                     f"{r['active_bytes'] / 1e6:9.2f} {r['predicted_tok_per_s']:10.1f} "
+                     f"{r['tok_per_s']:10.1f} {r['ratio']:6.2f} {r['predicted_bound']:>7} "
+                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f}")
+    return "\n".join(lines)
+
+
+# ---- per-host calibration -------------------------------------------------------------------
+# Two measurements fix the roofline's two calibration constants (tern.predict.roofline docstring):
+# a tiny model whose bytes and ops are negligible gives the fixed per-token overhead, and a
+# DRAM-bound model (~80 MB per token) gives the fraction of read bandwidth the engine attains.
+CALIBRATION_TINY = ModelConfig(name="calib-tiny", vocab_size=256, d_model=64, n_layers=1,
+                               mlp_hidden=64, n_heads=2)
+
+
+def calibration_points(threads: int = 1, quick: bool = False) -> list[SweepPoint]:
+    """The tiny (overhead) and DRAM-bound (bandwidth) calibration points; ``quick`` uses a
+    ~40 MB model instead of ~300 MB (smoke runs: not DRAM-bound on large caches)."""
+    dram = fixed_total_family("30m", n_experts=8 if quick else 64, top_ks=(8 if quick else 16,))[0]
+    return [SweepPoint("calibration", "tiny", CALIBRATION_TINY, threads, tokens=256, repeats=5),
+            SweepPoint("calibration", "dram", dram, threads, tokens=8 if quick else 32, repeats=3,
+                       warmup=2 if quick else 8)]
+
+
+def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] = (1,),
+              measure: Measure = measure_in_subprocess, quick: bool = False
+              ) -> tuple[HostProfile, dict[str, float]]:
+    """Measure the engine's per-token overhead and bandwidth efficiency on this host and
+    return (host with ``calibration`` filled, the figures). Keys per thread count t:
+    ``per_token_overhead_s_t{t}``, ``bandwidth_efficiency_t{t}``; the plain keys hold t=1."""
+    from dataclasses import replace
+
+    from tern.predict.roofline import predict
+
+    bare = replace(host, calibration={})
+    cal: dict[str, float] = {}
+    for t in threads:
+        tiny_pt, dram_pt = calibration_points(t, quick)
+        m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
+        over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
+        m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)
+        eff = solve_efficiency(dram_pt.config, bare, t, over, 1.0 / m_dram["tok_per_s"])
+        if eff >= EFFICIENCY_RANGE[1]:
+            print(f"calibration ({t} threads): the engine streamed faster than the profile's read "
+                  f"bandwidth allows; bandwidth efficiency capped at {EFFICIENCY_RANGE[1]} (re-run "
+                  f"`tern probe` if the machine's bandwidth changed)", file=sys.stderr)
+        cal[f"per_token_overhead_s_t{t}"] = over
+        cal[f"bandwidth_efficiency_t{t}"] = eff
+        if t == 1:
+            cal["per_token_overhead_s"], cal["bandwidth_efficiency"] = over, eff
+    return replace(host, calibration={**host.calibration, **cal}), cal
+
+
+# The calibration clamps the fitted bandwidth efficiency here: the engine cannot stream
+# faster than the probe's read kernel, so a fit above 1 means the profile's bandwidth figure
+# is below what the machine gives now (e.g. a VM whose 2-thread DRAM bandwidth changes
+# between regimes over minutes): it is reported and the profile's figure is trusted as is.
+EFFICIENCY_RANGE = (0.05, 1.0)
+
+
+def solve_efficiency(cfg: ModelConfig, host: HostProfile, threads: int, overhead_s: float,
+                     measured_s_per_token: float) -> float:
+    """The bandwidth efficiency at which the prediction of ``cfg`` (with ``overhead_s``)
+    takes ``measured_s_per_token``: bisection in log space (predicted time falls as the
+    efficiency rises), clamped to :data:`EFFICIENCY_RANGE`."""
+    from dataclasses import replace
+
+    from tern.core.host_queries import engine_llc_bytes
+    from tern.predict.pools import two_pool
+    from tern.predict.roofline import predict_pools
+
+    pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host))  # what predict(cfg, ...) prices, built once
+
+    def s_per_token(eff: float) -> float:
+        cal = {f"per_token_overhead_s_t{threads}": overhead_s, f"bandwidth_efficiency_t{threads}": eff}
+        return predict_pools(pools, replace(host, calibration=cal), threads, context=cfg.attn_window).s_per_token
+
+    lo, hi = EFFICIENCY_RANGE
+    if s_per_token(hi) >= measured_s_per_token:
+        return hi
+    if s_per_token(lo) <= measured_s_per_token:
+        return lo
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if s_per_token(mid) > measured_s_per_token:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+# ---- `tern bench sweep` -------------------------------------------------------------------
+
+

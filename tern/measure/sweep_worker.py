@@ -1,0 +1,72 @@
+"""One decode measurement in its own process: ``python -m tern.measure.sweep_worker MODEL ...``.
+
+Prints one JSON object: tok/s per repeat and their summary, the engine's settings and the
+process's peak RSS (so each sweep point's memory is its own). Tokens fed are uniformly
+random ids (seeded): routing then has no temporal locality, as the reference project
+observed for real text, so expert reuse in cache is not flattered by repetitive input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def time_decode(engine: Any, tokens: int, repeats: int, warmup: int, seed: int = 0) -> dict[str, Any]:
+    """tok/s of ``engine.step`` over ``repeats`` runs of ``tokens`` random token ids, after
+    ``warmup`` untimed tokens; the engine state is reset before each run."""
+    from tern.core.records import summarize
+    from tern.measure.ladder import time_steps
+
+    if tokens < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"need tokens >= 1, repeats >= 1, warmup >= 0; got {tokens}, {repeats}, {warmup}")
+    rng = np.random.default_rng(seed)
+    V = engine.cfg.vocab_size
+    if warmup:
+        time_steps(engine, rng.integers(0, V, size=warmup))
+    samples = [1.0 / time_steps(engine, rng.integers(0, V, size=tokens)) for _ in range(repeats)]
+    s = summarize(samples)
+    return {"tok_per_s": s["median"], "tok_per_s_min": s["min"], "tok_per_s_max": s["max"],
+            "repeats": s["repeats"], "spread_rel": s["spread_rel"], "samples_tok_per_s": samples}
+
+
+def peak_rss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)  # Linux reports KiB
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tern.measure.sweep_worker", description=__doc__)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from tern.run.engine import Engine
+
+    t0 = time.perf_counter()
+    try:
+        eng = Engine(args.model, threads=args.threads)
+    except ValueError as e:
+        print(f"sweep worker: {e}", file=sys.stderr)
+        return 2
+    load_s = time.perf_counter() - t0
+    rss_loaded = peak_rss_bytes()
+    res = time_decode(eng, args.tokens, args.repeats, args.warmup, args.seed)
+    out = {**res, "load_s": load_s, "rss_after_load_bytes": rss_loaded,
+           "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe()}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

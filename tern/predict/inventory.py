@@ -1,0 +1,240 @@
+"""The engine's work per decoded token, counted from a ModelConfig, and its cost on a host.
+
+:func:`work_inventory` lists, per pool (resident / streamed), how many calls, rows and
+units of each engine operation one token runs (the op names and cost models of
+tern.probe.ops); :func:`work_seconds` prices them with the host's measured
+:class:`~tern.core.host_profile.OpCost` figures. The roofline adds the result to the memory
+time (tern.predict.roofline, "op-cost model").
+
+Activation skip: the gated MLP's down projection reads only the rows of nonzero hidden
+units, so its bytes and work scale with the fraction of nonzero hidden units. The inventory assumes :data:`HIDDEN_DENSITY` per activation: at random
+initialisation (the sweep's random-weight models) dReLU = relu(g) * relu(u) is nonzero
+for 1/4 of the units and ReLU² for 1/2; trained models are sparser (the sandbox reaches
+76-84 % zeros), so for them this is conservative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tern.core.config import ModelConfig
+from tern.core.formats import get_format
+from tern.core.host_profile import op_cost_for
+from tern.kernels.policy import PAR_MIN_WEIGHTS, SEGMENT_COLS, STREAM_MAX_ROW_BYTES, stream_row_bytes
+
+# expected fraction of nonzero gated-MLP hidden units (see the module docstring)
+HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
+PAR_SUFFIX = "@par"  # display form of a matvec split over threads (costed at the thread count)
+EP_SUFFIX = "@ep"  # display form of routed-expert work run expert-parallel ("op@ep<k>")
+SPLITS = ("serial", "rows", "experts")
+
+
+@dataclass(frozen=True)
+class WorkKey:
+    """One engine operation as the engine runs it at threads > 1.
+
+    ``split``: ``"serial"`` — one thread runs it whatever the thread count; ``"rows"`` — the
+    engine splits the matrix's rows over the threads (matrices of >= PAR_MIN_WEIGHTS
+    weights), so it is costed at the thread count; ``"experts"`` — a token's ``experts``
+    chosen routed experts run expert-parallel, each on one thread with the single-thread
+    kernels (tern.kernels.ops.experts_parallel): costed at 1 thread and divided by
+    ``experts / ceil(experts / threads)``. Printed as ``op``, ``op@par`` or ``op@ep<k>``."""
+
+    op: str
+    split: str = "serial"
+    experts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"WorkKey split must be one of {SPLITS}, got {self.split!r}")
+        if (self.split == "experts") != (self.experts > 0):
+            raise ValueError(f"WorkKey {self.op!r}: experts > 0 exactly when split == 'experts'")
+
+    def priced_at(self, threads: int) -> tuple[int, float]:
+        """(thread count its op cost is taken at, divisor of that cost) at ``threads``."""
+        if self.split == "experts":
+            return 1, self.experts / math.ceil(self.experts / threads)
+        return (threads if self.split == "rows" else 1), 1.0
+
+    def __str__(self) -> str:
+        if self.split == "experts":
+            return f"{self.op}{EP_SUFFIX}{self.experts}"
+        return self.op + PAR_SUFFIX if self.split == "rows" else self.op
+
+    @classmethod
+    def parse(cls, text: str) -> WorkKey:
+        """The key printed as ``text`` (``op``, ``op@par``, ``op@ep<k>``)."""
+        if EP_SUFFIX in text:
+            op, k = text.split(EP_SUFFIX)
+            return cls(op, "experts", int(k))
+        if text.endswith(PAR_SUFFIX):
+            return cls(text[:-len(PAR_SUFFIX)], "rows")
+        return cls(text)
+
+
+class OpWork(NamedTuple):
+    """How much of one operation a token runs: the terms of its fitted cost
+    (:class:`~tern.core.host_profile.OpCost`: call + row x rows + unit x units + tail x tails)."""
+
+    calls: float = 0.0
+    rows: float = 0.0
+    units: float = 0.0  # weights for matvecs, elements for vector work
+    tails: float = 0.0  # rows whose last ternary segment is partial (columns not a multiple of 256)
+
+
+Work = dict[WorkKey, OpWork]  # one pool's work per token
+
+
+class WorkInventory(NamedTuple):
+    """One token's engine work per pool, and the bytes the activation skip leaves unread."""
+
+    resident: Work
+    streamed: Work
+    resident_skipped_bytes: float
+    streamed_skipped_bytes: float
+
+
+def _add(work: Work, key: WorkKey | str, calls: float, rows: float, units: float, tails: float = 0.0) -> None:
+    key = WorkKey(key) if isinstance(key, str) else key
+    w = work.get(key, OpWork())
+    work[key] = OpWork(w.calls + calls, w.rows + rows, w.units + units, w.tails + tails)
+
+
+# ops priced with another op's cost when a profile predates them (same kernel family)
+COST_FALLBACK = {"ternary_stream": "ternary_matvec"}
+
+
+def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
+    f = get_format(fmt)
+    if f.ternary:
+        stream = stream_rb and stream_rb <= (cols + 3) // 4 <= STREAM_MAX_ROW_BYTES
+        return "ternary_stream" if stream else "ternary_matvec"
+    return "int8_matvec" if fmt == "int8" else "fp32_matvec"
+
+
+def _key(op: str, weights: int, ep: int = 0) -> WorkKey:
+    """The key of an op: expert-parallel over ``ep`` chosen experts (ep > 0), else split over
+    threads when the engine splits a matrix of that many weights."""
+    if ep:
+        return WorkKey(op, "experts", ep)
+    return WorkKey(op, "rows") if weights >= PAR_MIN_WEIGHTS else WorkKey(op)
+
+
+def experts_parallel(cfg: ModelConfig) -> int:
+    """k when the engine runs a token's k chosen experts expert-parallel with threads > 1
+    (the rule of tern.kernels.ops.experts_parallel: k >= 2 and at least PAR_MIN_WEIGHTS
+    weights of chosen experts per layer), else 0."""
+    k = cfg.top_k
+    return k if k >= 2 and 3 * k * cfg.expert_hidden * cfg.d_model >= PAR_MIN_WEIGHTS else 0
+
+
+def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0) -> None:
+    tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
+    _add(work, _key(_matvec_op(fmt, cols, stream_rb), rows * cols, ep), n, n * rows, n * rows * cols, tails)
+
+
+def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, stream_rb: int = 0,
+               ep: int = 0) -> float:
+    """``n`` experts (or MLPs) of ``hidden`` units (``ep``: run expert-parallel, see
+    :func:`experts_parallel`); returns the down-projection bytes the activation skip
+    leaves unread."""
+    D = cfg.d_model
+    _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep)  # gate and up
+    _add(work, _key("vector", 0, ep), n, 0, n * hidden)  # activation + quantization of the hidden vector
+    rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
+    f = get_format(fmt)
+    if f.ternary:
+        _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D)  # rows: the D outputs
+        return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
+    _matvec(work, fmt, D, hidden, n, stream_rb, ep)
+    return 0.0
+
+
+def work_inventory(cfg: ModelConfig, context: int | None = None,
+                   llc_bytes: int | None = None) -> WorkInventory:
+    """(resident work, streamed work, resident bytes skipped, streamed bytes skipped) of one
+    token at ``context`` cached attention positions (None: a full window); ``llc_bytes``
+    decides which matrices the engine streams (:func:`stream_row_bytes`)."""
+    ctx = cfg.attn_window if context is None else context
+    D, Di, N, R = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank_eff
+    srb, srb_routed = stream_row_bytes(cfg, llc_bytes)
+    res: Work = {}
+    st: Work = {}
+    skip_res = skip_st = 0.0
+    _add(res, "vector", 1, 0, D)  # embedding row (int8 rows are scaled)
+    for layer in range(cfg.n_layers):
+        _add(res, "vector", 1, 0, D)  # RMSNorm + quantization of the mixer input
+        if cfg.mixer(layer) == "ssm":
+            _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb)  # in_proj
+            _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
+            _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb)  # x_proj
+            _add(res, "ssm_step", 1, Di * R, Di * N)  # dt projection (Di x R) + scan (Di x N)
+            _matvec(res, cfg.mixer_format, D, Di, 1, srb)  # out_proj
+        else:
+            _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb)  # q, k, v
+            _add(res, "attention", 1, 0, min(ctx, cfg.attn_window) * D)
+            _add(res, "vector", 1, 0, D)
+            _matvec(res, cfg.mixer_format, D, D, 1, srb)  # out
+        if cfg.is_moe(layer):
+            _add(res, "vector", 1, 0, D)
+            if cfg.n_shared:
+                skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb)
+            _matvec(res, "fp32", cfg.n_experts, D)  # router logits (fp32 math)
+            _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
+            skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
+                                  experts_parallel(cfg))
+        elif cfg.mlp_hidden:
+            _add(res, "vector", 1, 0, D)
+            skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1, srb)
+    _add(res, "vector", 1, 0, D)  # final norm
+    head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
+    _matvec(res, head_fmt, cfg.vocab_size, D)
+    return WorkInventory(res, st, skip_res, skip_st)
+
+
+# weight bytes read per unit of each matrix op (units are weights; the others read state)
+WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25,
+                         "int8_matvec": 1.0, "fp32_matvec": 4.0}
+
+
+def parallel_byte_share(work: Work, threads: int) -> float:
+    """Fraction of the weight bytes of ``work`` that ops split over threads read (the rest
+    one thread reads alone, at one thread's bandwidth); 1.0 at one thread or with no
+    weight bytes."""
+    if threads <= 1:
+        return 1.0
+    par = total = 0.0
+    for key, w in work.items():
+        t, divisor = key.priced_at(threads)
+        b = w.units * WEIGHT_BYTES_PER_UNIT.get(key.op, 0.0)
+        total += b
+        if t > 1 or divisor > 1:
+            par += b
+    return par / total if total else 1.0
+
+
+def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] | None:
+    """Seconds per op (parallel matvecs folded into their op) of ``work`` on ``host`` (a
+    HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any
+    op in it."""
+    out: dict[str, float] = {}
+    for key, (calls, rows, units, tails) in work.items():
+        op = key.op
+        t, divisor = key.priced_at(threads)
+        cost = op_cost_for(host.op_costs, op, t)
+        if cost is None and op in COST_FALLBACK:
+            cost = op_cost_for(host.op_costs, COST_FALLBACK[op], t)
+        if cost is None:
+            return None
+        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units, tails) / divisor
+    return out
+
+
+def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
+    """Total seconds of :func:`work_breakdown` (None when a cost is missing)."""
+    b = work_breakdown(work, host, threads)
+    return None if b is None else sum(b.values())
+
+

@@ -1,0 +1,136 @@
+"""The two pools of one model: resident and streamed params, bytes and working sets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tern.core.config import ModelConfig, param_counts
+from tern.predict.inventory import Work, work_inventory
+
+
+@dataclass(frozen=True)
+class TwoPool:
+    """Bytes and ops per decoded token of the two pools, plus the streamed pool's
+    working set. ``*_ops`` map a weight format (or ``"fp32"`` for element-wise work) to
+    ops per token (a multiply-add counts 2); an empty map skips the compute roof."""
+
+    name: str
+    resident_bytes: int  # weights read every token
+    streamed_bytes: int  # routed experts of one token
+    expert_bytes_total: int  # all routed experts: the streamed pool's reuse set
+    state_bytes: int = 0  # recurrent state read per token
+    kv_bytes: int = 0  # attention cache read per token at the current context
+    total_bytes: int = 0  # every stored weight byte (RAM footprint of the weights)
+    total_params: int = 0
+    active_params: int = 0
+    resident_ops: dict[str, float] = field(default_factory=dict)
+    streamed_ops: dict[str, float] = field(default_factory=dict)
+    # engine work per token (tern.predict.inventory.work_inventory; empty: not counted) and the
+    # bytes per token the activation skip is expected to leave unread
+    resident_work: Work = field(default_factory=dict)
+    streamed_work: Work = field(default_factory=dict)
+    resident_skipped_bytes: float = 0.0
+    streamed_skipped_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        for n in ("resident_bytes", "streamed_bytes", "expert_bytes_total", "state_bytes",
+                  "kv_bytes", "total_bytes", "total_params", "active_params", "resident_skipped_bytes",
+                  "streamed_skipped_bytes"):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"TwoPool {self.name!r}: {n} must be a finite number >= 0, got {v!r}")
+        if self.streamed_bytes > self.expert_bytes_total:
+            raise ValueError(f"TwoPool {self.name!r}: streamed_bytes {self.streamed_bytes} exceeds "
+                             f"expert_bytes_total {self.expert_bytes_total}")
+        if self.resident_skipped_bytes > self.resident_bytes or self.streamed_skipped_bytes > self.streamed_bytes:
+            raise ValueError(f"TwoPool {self.name!r}: skipped bytes exceed the pool's bytes")
+        if self.resident_bytes + self.streamed_bytes <= 0:
+            raise ValueError(f"TwoPool {self.name!r}: no bytes are read per token")
+
+    @property
+    def footprint_bytes(self) -> int:
+        """Distinct bytes touched by one token (the resident pool's reuse distance)."""
+        return self.resident_bytes + self.streamed_bytes + self.state_bytes + self.kv_bytes
+
+    @property
+    def hot_bytes(self) -> int:
+        """The whole hot model: resident core + all experts + state + kv."""
+        return self.resident_bytes + self.expert_bytes_total + self.state_bytes + self.kv_bytes
+
+
+def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None) -> TwoPool:
+    """The pools of ``cfg`` at ``context`` positions of attention cache (None: a full
+    window, the steady state of a long generation); ``llc_bytes`` (see
+    :func:`engine_llc_bytes`) decides which matrices the engine streams. Counts come from
+    :func:`tern.core.config.param_counts`; ops count 2 per weight read (multiply-add), plus
+    the SSM scan (~6 fp32 ops per state element) and attention over the window."""
+    if context is None:
+        context = cfg.attn_window
+    if not isinstance(context, int) or context < 0:
+        raise ValueError(f"context must be an integer >= 0, got {context!r}")
+    pc = param_counts(cfg)
+    g = {k: v.params for k, v in pc.by_group.items()}
+    res_ops: dict[str, float] = {}
+
+    def add(fmt: str, ops: float) -> None:
+        if ops:
+            res_ops[fmt] = res_ops.get(fmt, 0.0) + ops
+
+    add(cfg.mixer_format, 2.0 * g.get("mixer", 0))
+    add(cfg.mlp_format, 2.0 * (g.get("mlp", 0) + g.get("shared", 0)))
+    head_fmt, head_params = ((cfg.embed_format, g.get("embed", 0)) if cfg.tie_embeddings
+                             else (cfg.head_format, g.get("head", 0)))
+    add(head_fmt, 2.0 * head_params)
+    n_ssm = sum(cfg.mixer(i) == "ssm" for i in range(cfg.n_layers))
+    n_attn = cfg.n_layers - n_ssm
+    window = min(context, cfg.attn_window)
+    add(cfg.router_format, 2.0 * g.get("router", 0))
+    add("fp32", 2.0 * (g.get("mixer_aux", 0) + g.get("norm", 0))
+        + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
+    st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
+    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes)
+    return TwoPool(cfg.name, pc.resident.bytes, pc.streamed.bytes, pc.expert_bytes_total,
+                   pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
+                   pc.active.params, res_ops, st_ops, res_work, st_work,
+                   min(skip_res, pc.resident.bytes), min(skip_st, pc.streamed.bytes))
+
+
+def two_pool_from_params(total_params: float, active_params: float, bits_per_weight: float,
+                         n_experts: int | None = None, top_k: int | None = None,
+                         resident_params: float | None = None, name: str = "abstract",
+                         fmt: str | None = None) -> TwoPool:
+    """An abstract two-pool model (no ModelConfig): every weight at ``bits_per_weight``.
+
+    Give either ``n_experts`` and ``top_k`` (then all experts X and resident R solve
+    R + X = total, R + X * top_k / n_experts = active) or ``resident_params`` directly.
+    ``fmt`` names the kernel family for the compute roof (None: memory roofs only).
+    """
+    if not (total_params > 0 and active_params > 0 and bits_per_weight > 0):
+        raise ValueError("total_params, active_params and bits_per_weight must be > 0")
+    if active_params > total_params * (1 + 1e-9):
+        raise ValueError(f"active_params {active_params:.4g} exceeds total_params {total_params:.4g}")
+    if resident_params is None:
+        if not n_experts or not top_k or not 1 <= top_k <= n_experts:
+            raise ValueError("give resident_params, or n_experts >= top_k >= 1")
+        if top_k == n_experts:
+            if not math.isclose(total_params, active_params, rel_tol=1e-9):
+                raise ValueError("top_k == n_experts makes every expert active: total must equal active")
+            experts = 0.0
+        else:
+            experts = (total_params - active_params) / (1 - top_k / n_experts)
+        resident_params = total_params - experts
+        if resident_params < 0:
+            raise ValueError(
+                f"{n_experts} experts with top-{top_k} cannot reach total {total_params:.3g} at "
+                f"active {active_params:.3g}: the experts alone would be {experts:.3g} params; "
+                "use more experts or a smaller top-k")
+    if not 0 <= resident_params <= active_params * (1 + 1e-9):
+        raise ValueError(f"resident_params must be in 0..active_params, got {resident_params:.4g}")
+    bpw = bits_per_weight / 8
+    streamed = max(active_params - resident_params, 0.0)
+    experts = total_params - resident_params
+    ops_r = {fmt: 2.0 * resident_params} if fmt else {}
+    ops_s = {fmt: 2.0 * streamed} if fmt and streamed else {}
+    return TwoPool(name, math.ceil(resident_params * bpw), math.ceil(streamed * bpw), math.ceil(experts * bpw),
+                   0, 0, round(total_params * bpw), round(total_params), round(active_params), ops_r, ops_s)

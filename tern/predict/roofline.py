@@ -1,0 +1,315 @@
+"""The two-pool roofline: batch-1 decode tok/s of a model on a host, and why.
+
+Per decoded token the engine reads two pools of bytes (docs/LAYOUT.md, "the two-pool model"):
+
+* **resident** — weights used for every token (embedding row or the tied table the head
+  reads, mixers, dense MLPs, shared experts, routers, norms, head) plus the recurrent
+  state and the attention cache at the current context;
+* **streamed** — the routed experts picked for this token (``top_k`` per MoE layer).
+
+Time per token = sum over pools of ``max(bytes / bandwidth(working set), ops / kernel
+throughput)`` + a fixed per-token overhead (the plain roofline), or of ``measured op costs
++ memory stalls`` when the host profile has engine op costs (the op-cost model, below). Bandwidth is read off the host's measured
+read-bandwidth-vs-working-set curve (:meth:`HostProfile.bandwidth_at`, through its
+non-increasing envelope, :func:`bandwidth_gbps`) for the thread count asked for (nearest
+measured count).
+
+Working sets (``policy``), the choice that places the knee:
+
+* ``"reuse"`` (default) — each pool is costed at its LRU *reuse distance*: the bytes
+  touched between two reads of the same byte. A resident byte is read again one token
+  later, after one token's footprint (resident + streamed + state + kv), so the resident
+  pool runs at the bandwidth of that footprint. A routed expert is read again only after
+  about ``n_experts / top_k`` tokens, during which routing (i.i.d. across tokens, as the
+  reference project observed) touches nearly every expert, so its reuse distance is the
+  whole hot model (resident + all experts + state + kv). Both pools share one cache; this
+  is how LRU shares it. The knee — tok/s against total params at fixed active params —
+  therefore sits where the *whole* working set leaves the last-level cache, and past it
+  only the streamed pool drops to DRAM bandwidth while the resident core stays cached
+  (the two-pool design of the reference project).
+* ``"whole"`` — pessimistic: both pools at the whole-model working set (streaming
+  experts evict the resident core, as a cache with poor replacement would).
+
+The roof that bounds a pool is named from the cache level its working set fits in
+(``L1``, ``L2``, ``L3``, else ``DRAM``), or ``compute`` when ops / kernel throughput
+exceeds the memory time. A level's capacity at ``t`` threads counts the instances that
+``t`` threads pinned compactly (one per core, core 0 first) can use.
+
+Calibration keys read from ``HostProfile.calibration`` (measured by the engine and sweep
+benchmarks; absent means the default):
+
+* ``per_token_overhead_s`` (default 0.0): fixed seconds per token (dispatch, sampling,
+  Python), added once per token;
+* ``bandwidth_efficiency`` (default 1.0): fraction of the measured read bandwidth the
+  engine attains (well-tuned engines reach ~0.75–0.95).
+
+Either key suffixed ``_t<threads>`` (e.g. ``per_token_overhead_s_t2``) applies to that
+thread count only (tern.measure.sweep.calibrate measures them).
+
+Op-cost model (used when the host profile carries measured engine op costs,
+``HostProfile.op_costs`` from tern.probe.ops, and the pools come from a ModelConfig):
+each pool's time is ``compute_s + stall_s``. ``compute_s`` prices the engine's work per
+token (tern.predict.inventory.work_inventory: every matvec with its shape, the SSM scan,
+attention over the cached window, norms and activation quantization, routing, the
+head) with the costs the probe timed on cache-resident data; ``stall_s`` is the extra time
+the pool's bytes take because they come from further out than those timings' data:
+``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``. Compute and memory
+stalls are added, not overlapped: on one core the engine does not hide DRAM latency
+behind its arithmetic (the bare ternary kernel streams a 256 MiB matrix at 59 % of the
+read bandwidth on this kit's 2-core VM, which the sum predicts within a few percent and
+``max`` misses by 40 %). With threads > 1 only the bytes of ops the engine splits over
+threads (large matrices, expert-parallel experts) stream at the thread count's bandwidth;
+the rest one thread reads alone, at one thread's (tern.predict.inventory.parallel_byte_share).
+Bytes skipped by the activation skip
+(tern.predict.inventory.HIDDEN_DENSITY) are not read. Without op costs (an old profile, the
+reference PC) the plain roofline below applies.
+
+Compute roof: ops per token over the best measured kernel of the format's family
+(``ternary_*`` for ternary formats, ``int8_*``, ``q4_*``, ``fp32_*`` for float formats and
+element-wise work) at no more than the requested threads. Ops of a family without a
+kernel figure in the profile (``HostProfile.kernels``) get no compute roof: predictions
+are then memory-roof upper bounds for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tern.core.config import ModelConfig
+from tern.core.formats import get_format
+from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
+from tern.core.host_queries import (
+    bandwidth_gbps,
+    calibration,
+    engine_llc_bytes,
+    kernel_gops_for,
+    llc_capacity_bytes,
+    memory_roof,
+)
+from tern.predict.inventory import parallel_byte_share, work_breakdown, work_inventory, work_seconds
+from tern.predict.pools import TwoPool, two_pool, two_pool_from_params
+
+POLICIES = ("reuse", "whole")
+OP_COST_WORKING_SET = 256 * 1024  # bytes: the op costs were timed on data about this size (L2)
+
+
+# ---- prediction --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PoolPrediction:
+    """One pool's share of a token: its bytes, the working set they are read at, the
+    bandwidth that set gets on the host, and the time (memory, compute, stall) they cost.
+    Times in seconds per token, bytes per token, GB/s = 1e9 B/s."""
+
+    name: str  # "resident" or "streamed"
+    bytes_per_token: int
+    working_set_bytes: int
+    bandwidth_gbps: float  # read bandwidth used (after bandwidth_efficiency), GB/s = 1e9 B/s
+    memory_s: float  # bytes / bandwidth
+    ops_per_token: float
+    compute_s: float  # ops / kernel throughput (0 when the profile has no kernel figures)
+    time_s: float  # roofline: max(memory_s, compute_s); op-cost model: compute_s + stall_s
+    bound: str  # "L1" / "L2" / "L3" / "DRAM" / "compute" ("-" for an empty pool)
+    stall_s: float = 0.0  # op-cost model: memory time beyond what the op timings include
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted batch-1 decode speed of one model on one host at one thread count, with
+    the parts it is made of: both pools, the per-token overhead, the bytes and params per
+    token and in total, and what bounds it. ``s_per_token`` = resident.time_s +
+    streamed.time_s + overhead_s; ``tok_per_s`` = 1 / s_per_token. JSON-able (to_dict)."""
+
+    config: str
+    host_label: str
+    threads: int
+    curve_threads: int  # the measured thread count whose bandwidth curve was used
+    context: int | None
+    policy: str
+    tok_per_s: float
+    s_per_token: float
+    resident: PoolPrediction
+    streamed: PoolPrediction
+    overhead_s: float
+    state_bytes: int
+    kv_bytes: int
+    active_bytes: int  # weight bytes per token (resident + streamed)
+    total_bytes: int  # all stored weight bytes
+    active_params: int
+    total_params: int
+    hot_bytes: int  # whole working set: resident + all experts + state + kv
+    llc_bytes: int  # last-level cache usable at these threads
+    bound: str  # the largest contributor: a pool's bound, or "overhead"
+    model: str = "roofline"  # "op-cost" when the host's measured engine op costs priced the work
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: str = "reuse",
+                  context: int | None = None) -> Prediction:
+    """Predict decode speed of ``pools`` on ``host`` (see the module docstring)."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    avail = host.thread_counts()
+    if not avail:
+        raise ValueError(f"host profile {host.label!r} has no read-bandwidth curve")
+    curve_t = min(avail, key=lambda a: (abs(a - threads), -a))
+    overhead_s, eff = calibration(host, threads)
+    hot = pools.hot_bytes
+    ws = {"resident": pools.footprint_bytes if policy == "reuse" else hot, "streamed": hot}
+    nbytes = {"resident": pools.resident_bytes + pools.state_bytes + pools.kv_bytes,
+              "streamed": pools.streamed_bytes}
+    ops = {"resident": pools.resident_ops, "streamed": pools.streamed_ops}
+    work = {"resident": pools.resident_work, "streamed": pools.streamed_work}
+    read = {"resident": nbytes["resident"] - pools.resident_skipped_bytes,
+            "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
+    work_s = {name: work_seconds(w, host, threads) for name, w in work.items()} if host.op_costs else {}
+    op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
+    ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
+    out = {}
+    eff_1 = calibration(host, 1)[1] if op_model and threads > 1 else eff
+    ref_bw_1 = bandwidth_gbps(host, OP_COST_WORKING_SET, 1) if op_model else 0.0
+    for name in ("resident", "streamed"):
+        bw = bandwidth_gbps(host, ws[name], threads) * eff
+        stall_s = 0.0
+        if op_model:
+            # bytes of ops split over threads stream at the thread count's bandwidth, the
+            # rest at one thread's (one core reads them while the other waits)
+            share = parallel_byte_share(work[name], threads)
+            bw_1 = bandwidth_gbps(host, ws[name], 1) * eff_1
+            stall_s = read[name] * (share * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
+                                    + (1.0 - share) * max(0.0, 1.0 / (bw_1 * 1e9) - 1.0 / (ref_bw_1 * 1e9)))
+            mem_s = read[name] * (share / (bw * 1e9) + (1.0 - share) / (bw_1 * 1e9))
+            bw = read[name] / mem_s / 1e9 if mem_s > 0 else bw  # the effective mix
+            comp_s = work_s[name]
+            time_s = comp_s + stall_s
+        else:
+            mem_s = nbytes[name] / (bw * 1e9)
+            comp_s = 0.0
+            for fmt, n in ops[name].items():
+                g = kernel_gops_for(host, fmt, threads)
+                if g:
+                    comp_s += n / (g * 1e9)
+            time_s = max(mem_s, comp_s)
+        n_ops = float(sum(ops[name].values()))
+        if nbytes[name] == 0:
+            bound = "-"
+        elif comp_s > (stall_s if op_model else mem_s):
+            bound = "compute"
+        else:
+            bound = memory_roof(host, ws[name], threads)
+        out[name] = PoolPrediction(name, int(nbytes[name]), int(ws[name]), bw, mem_s, n_ops, comp_s,
+                                   time_s, bound, stall_s)
+    s = out["resident"].time_s + out["streamed"].time_s + overhead_s
+    top = max(out.values(), key=lambda p: p.time_s)
+    return Prediction(
+        pools.name, host.label, threads, curve_t, context, policy, 1.0 / s, s, out["resident"],
+        out["streamed"], overhead_s, int(pools.state_bytes), int(pools.kv_bytes),
+        int(pools.resident_bytes + pools.streamed_bytes), int(pools.total_bytes), int(pools.active_params),
+        int(pools.total_params), int(hot),
+        llc_capacity_bytes(host, threads), "overhead" if overhead_s > top.time_s else top.bound,
+        "op-cost" if op_model else "roofline")
+
+
+def with_format(cfg: ModelConfig, fmt: str) -> ModelConfig:
+    """``cfg`` with every linear-layer group (mixer, MLP, shared, experts) in ``fmt``;
+    embedding, head, norms, routers and SSM aux parameters keep their formats."""
+    get_format(fmt)
+    return cfg.replace(mixer_format=fmt, mlp_format=fmt, expert_format=fmt)
+
+
+def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int | None = None,
+            fmt: str | None = None, policy: str = "reuse") -> Prediction:
+    """Predicted batch-1 decode tok/s of ``cfg`` on ``host`` with a per-pool breakdown.
+
+    ``context``: attention positions cached (None: a full window). ``fmt``: override the
+    format of every linear layer (see :func:`with_format`). ``policy``: "reuse" or "whole"
+    working sets (module docstring)."""
+    if fmt is not None:
+        cfg = with_format(cfg, fmt)
+    ctx = cfg.attn_window if context is None else context
+    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host)), host, threads, policy, ctx)
+
+
+# ---- sweeps (the data behind the plots and the explorer) -----------------------------------
+def synthetic_profile(llc_bytes: int, cache_gbps: float, dram_gbps: float, threads: int = 1,
+                      label: str = "synthetic two-plateau host") -> HostProfile:
+    """A host with one cache level (L3 of ``llc_bytes``) read at ``cache_gbps`` and DRAM at
+    ``dram_gbps`` beyond twice the LLC (log-linear knee in between); for what-if plots, the
+    explorer and tests. Not measured."""
+    if not (llc_bytes > 0 and cache_gbps > 0 and dram_gbps > 0):
+        raise ValueError("llc_bytes, cache_gbps and dram_gbps must be > 0")
+    pts = [(min(4 * KIB, llc_bytes), cache_gbps), (llc_bytes, cache_gbps), (2 * llc_bytes, dram_gbps),
+           (max(4 * GIB, 4 * llc_bytes), dram_gbps)]
+    bw = tuple(BandwidthPoint("read", threads, int(ws), g, g, 0) for ws, g in pts)
+    return HostProfile(label, False, {}, (CacheLevel(3, "Unified", int(llc_bytes), 1, max(1, threads)),),
+                       "synthetic", bw)
+
+
+def sweep_total(host: HostProfile, active_params: float, totals: list[float], bits_per_weight: float = 2.0,
+                resident_fraction: float = 0.7, threads: int = 1, fmt: str | None = None,
+                policy: str = "reuse") -> list[Prediction]:
+    """tok/s against total params at fixed active params (the knee): the resident core is
+    ``resident_fraction`` of the active params, the rest of the total is routed experts."""
+    res = resident_fraction * active_params
+    return [predict_pools(two_pool_from_params(t, active_params, bits_per_weight, resident_params=res,
+                                               name=f"total {t:.3g}", fmt=fmt), host, threads, policy)
+            for t in totals if t >= active_params]
+
+
+def sweep_active(host: HostProfile, actives: list[float], fmt: str = "ternary2", threads: int = 1,
+                 total_over_active: float = 1.0, resident_fraction: float = 0.7,
+                 policy: str = "reuse") -> list[Prediction]:
+    """tok/s against active params for one weight format (bits per weight from
+    tern.core.formats), total = ``total_over_active`` x active (1.0: dense)."""
+    if total_over_active < 1:
+        raise ValueError(f"total_over_active must be >= 1, got {total_over_active!r}")
+    bits = get_format(fmt).bits_per_weight
+    res = 1.0 if total_over_active == 1 else resident_fraction
+    return [predict_pools(two_pool_from_params(a * total_over_active, a, bits, resident_params=res * a,
+                                               name=f"{fmt} {a:.3g}", fmt=fmt), host, threads, policy)
+            for a in actives]
+
+
+def feasibility_grid(host: HostProfile, total_params: float, actives: list[float],
+                     threads: list[int], fmt: str = "ternary2", resident_fraction: float = 0.75,
+                     policy: str = "reuse") -> list[list[float]]:
+    """Predicted tok/s, one row per thread count, one column per active-param count, for
+    a model of ``total_params`` total in ``fmt`` (abstract two-pool model)."""
+    bits = get_format(fmt).bits_per_weight
+    return [[predict_pools(two_pool_from_params(total_params, a, bits, resident_params=resident_fraction * a,
+                                                fmt=fmt), host, t, policy).tok_per_s for a in actives]
+            for t in threads]
+
+
+# ---- the reference PC ----------------------------------------------------------------------
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+# ---- CLI: tern predict --------------------------------------------------------------------
+
+
+def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int | None = None) -> dict[str, float]:
+    """Predicted seconds per token by component: each op's compute (both pools), the
+    memory stall of each pool, and the per-token overhead (tern.predict.roofline.predict's split;
+    the values sum to its s_per_token). Needs a profile with op costs."""
+    from tern.core.host_queries import engine_llc_bytes
+    from tern.predict.roofline import predict
+
+    if not host.op_costs:
+        raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
+    p = predict(cfg, host, threads, context)
+    res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host))
+    out: dict[str, float] = {}
+    for w in (res, st):
+        for op, sec in (work_breakdown(w, host, threads) or {}).items():
+            out[op] = out.get(op, 0.0) + sec
+    out["stall (resident)"] = p.resident.stall_s
+    out["stall (streamed)"] = p.streamed.stall_s
+    out["overhead"] = p.overhead_s
+    return out
+
+

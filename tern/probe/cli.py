@@ -1,0 +1,81 @@
+"""`tern probe`: measure this host into a HostProfile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tern.core.host_profile import HostProfile
+from tern.probe.bandwidth import KERNELS, format_bytes
+from tern.probe.plateaus import format_cache_table, format_kernel_table, format_plateau_table, probe_summary
+from tern.probe.profile import DEFAULT_OUT, probe_config, run_probe
+
+JSON_FIELDS = """\
+  profile_path: where host_profile.json was saved;  cpu_model;  mode: quick|full
+  cache_source: /sys, getconf, sysctl, default (joined with + when mixed)
+  caches: [{level, type, size_bytes (one instance), instances, shared_by (logical CPUs)}]
+  llc_bytes: total last-level cache;  read_kernel_simd: zmm|ymm|xmm|scalar
+  plateaus_gbps: {threads: {L1, L2, L3, DRAM: read GB/s (1e9 B/s) or null}}
+  plateau_spread: {threads: {level: {gbps, gbps_min, gbps_max (slowest / fastest timed run),
+                   runs, points, span_s (first to last run start; runs are interleaved)}}}
+  kernels: [{kernel, threads, rows, cols, gops_median (multiply-add = 2 ops), gbps_median (weights)}]
+  op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
+             samples, max_rel_err}]: engine operation costs the roofline prices work with
+  wall_s: probe wall time in seconds"""
+
+
+def _thread_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--threads wants comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"--threads wants integers >= 1, got {text!r}")
+    return tuple(sorted(set(vals)))
+
+
+def cli_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="2 points per octave, 20 ms runs, read kernel only, up to 4x LLC (~20 s)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"where to save the profile (default {DEFAULT_OUT})")
+    p.add_argument("--threads", type=_thread_list, default=None,
+                   help="comma-separated thread counts (default: 1 and all CPUs)")
+    p.add_argument("--no-op-costs", action="store_true",
+                   help="skip timing the engine's operations (the roofline then uses its plain model)")
+    p.add_argument("--kernels", default=None,
+                   help=f"bandwidth kernels, comma-separated from {','.join(KERNELS)} "
+                        "(default: read for --quick, all for full)")
+
+
+def cli_run(args: argparse.Namespace) -> dict[str, Any]:
+    kernels = tuple(k.strip() for k in args.kernels.split(",")) if args.kernels else None
+    if kernels:
+        bad = [k for k in kernels if k not in KERNELS]
+        if bad:
+            raise ValueError(f"unknown bandwidth kernel(s) {bad}; choose from {list(KERNELS)}")
+    cfg = probe_config(quick=args.quick, thread_counts=args.threads, kernels=kernels)
+    if args.no_op_costs:
+        cfg = replace(cfg, op_costs=False)
+    print(f"tern probe ({'quick' if args.quick else 'full'}): {cfg.sweep.n_points()} bandwidth points, "
+          f"{format_bytes(cfg.sweep.min_ws_bytes)} .. {format_bytes(cfg.sweep.max_ws_bytes)}, "
+          f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
+    out = Path(args.out)
+    profile = run_probe(cfg, out=out)
+    return probe_summary(profile, out)
+
+
+def cli_render(result: dict[str, Any]) -> str:
+    prof = HostProfile.load(result["profile_path"])
+    parts = [f"{result['cpu_model']} ({result['mode']} probe, {result['wall_s']} s; "
+             f"read kernel uses {result['read_kernel_simd']})",
+             format_cache_table(prof), format_plateau_table(prof), format_kernel_table(prof)]
+    if prof.op_costs:
+        from tern.probe.ops import render_costs
+
+        parts.append("engine op costs (seconds = call + row x rows + unit x units + tail x partial rows)\n"
+                     + render_costs(prof.op_costs))
+    parts += [f"saved {result['profile_path']}"]
+    return "\n\n".join(parts)

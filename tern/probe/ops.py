@@ -1,0 +1,315 @@
+"""Engine operation costs: the probe's measured compute side of a decoded token.
+
+The bandwidth curve says how fast bytes arrive; this says how long the engine's own
+operations take once they have arrived. Each operation the per-token loop runs
+(tern.kernels.ops) is timed here on this host, on cache-resident data (at most ~0.5 MiB,
+inside L2 on current CPUs), in a numba loop (no Python call in the timed path), at
+several sizes, and a linear cost model is fitted (non-negative least squares, seconds):
+
+=================  ====================================================  ================
+op                 timed function                                        cost model
+=================  ====================================================  ================
+ternary_matvec     kernels_ternary.ternary_matvec(_par)                  call + row x rows + unit x weights
+ternary_stream     kernels_ternary.ternary_matvec_stream(_par) (one row    call + row x rows + unit x weights
+                   per pass: long rows of DRAM-resident pools)
+ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
+                   nonzero (skipped inputs cost nothing; the per-output
+                   cost is the accumulator set-up and scaling)
+int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
+fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
+ssm_step           ops.selective_scan_step (dt projection + scan)        call + row x d_inner*dt_rank + unit x d_inner*d_state
+attention          ops.attend (all heads, n cached positions)            call + unit x n*d_model
+vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
+=================  ====================================================  ================
+
+The ternary matvecs also fit ``tail x rows`` for matrices whose column count is not a
+multiple of 256: the last, partial segment of every row takes masked loads.
+
+``row`` is a per-row (per-channel) cost: short rows pay it once per row whatever their
+length, which is why small matrices run far below a kernel's large-shape G ops/s.
+Matvecs are also timed with ``threads`` > 1 through their parallel variants (the engine
+splits only matrices of at least ``PAR_MIN_WEIGHTS`` weights over threads, so these are
+timed at sizes above that). The roofline (tern.predict.roofline) adds these costs per token.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from tern.core.host_profile import OpCost
+from tern.core.records import summarize
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.probe.bandwidth import numba_threads
+from tern.probe.timing import TimingConfig, timed_runs
+
+MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
+OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
+
+# (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32
+_MATVEC_SHAPES = {
+    "ternary": ((32, 256), (256, 256), (1024, 256), (64, 1024), (512, 1024), (128, 4096), (1024, 2048),
+                (512, 384), (1536, 384), (256, 640), (768, 1152)),  # the last four: partial segments
+    "int8": ((64, 256), (512, 256), (1024, 256), (256, 1024), (128, 2048)),
+    "fp32": ((64, 256), (512, 128), (256, 512), (128, 1024)),
+}
+# parallel variants: the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
+_PAR_SHAPES = {
+    "ternary": ((1024, 1024), (2048, 1024), (1024, 2048), (4096, 1024), (512, 4096), (8192, 2048), (2048, 8192),
+                (4096, 384), (2048, 640)),
+    "int8": ((1024, 1024), (2048, 512), (512, 2048)),
+    "fp32": ((1024, 1024), (512, 2048)),
+}
+_QUICK_SHAPES = {
+    "ternary": ((32, 256), (1024, 256), (128, 4096), (1536, 384)),
+    "int8": ((64, 256), (1024, 256), (128, 2048)),
+    "fp32": ((64, 256), (512, 128), (128, 1024)),
+}
+# (Di, N, R); dt_rank R varies apart from Di so the fit separates the dt projection (Di x R)
+# from the scan (Di x N)
+_SSM_SHAPES = ((256, 16, 16), (512, 16, 32), (1024, 16, 64), (512, 8, 32), (256, 32, 16), (512, 16, 128),
+               (1024, 16, 128))
+_SSM_QUICK = (0, 4, 5)
+_ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64))  # (D, heads, n)
+_VECTOR_SIZES = (128, 512, 2048, 8192)
+
+
+# ---- numba drivers: the repetition loop runs inside numba ----------------------------------
+def _drivers():
+    from tern.kernels import kernels_dense as kd
+    from tern.kernels import kernels_ternary as kt
+    from tern.kernels import ops
+    from tern.kernels.quant import quantize_act
+
+    @numba.njit(cache=True)
+    def ternary(P, S, xq, out, count, par, skip, stream):
+        """skip: P is the transposed (inputs, outputs) layout of the activation skip;
+        stream: the one-row-per-pass kernel."""
+        xs = np.float32(0.01)
+        for _ in range(count):
+            if skip and par:
+                kt.ternary_matvec_skip_par(P, S, xq, xs, out)
+            elif skip:
+                kt.ternary_matvec_skip(P, S, xq, xs, out)
+            elif stream and par:
+                kt.ternary_matvec_stream_par(P, S, xq, xs, out)
+            elif stream:
+                kt.ternary_matvec_stream(P, S, xq, xs, out)
+            elif par:
+                kt.ternary_matvec_par(P, S, xq, xs, out)
+            else:
+                kt.ternary_matvec(P, S, xq, xs, out)
+
+    @numba.njit(cache=True)
+    def int8(W, S, x, out, count, par):
+        for _ in range(count):
+            if par:
+                ops.matvec_int8w_par(W, S, x, out)
+            else:
+                ops.matvec_int8w(W, S, x, out)
+
+    @numba.njit(cache=True)
+    def fp32(W, x, out, count, par):
+        for _ in range(count):
+            if par:
+                kd.matvec_fp32_parallel_nb(W, x, out)
+            else:
+                kd.matvec_fp32_nb(W, x, out)
+
+    @numba.njit(cache=True)
+    def ssm(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, count):
+        for _ in range(count):
+            ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y)
+
+    @numba.njit(cache=True)
+    def attn(q, kc, vc, t, NH, sc, y, count):
+        for _ in range(count):
+            ops.attend(q, kc, vc, t, NH, sc, y)
+
+    @numba.njit(cache=True)
+    def vector(x, g, xn, xq, count):
+        s = np.float32(0.0)
+        for _ in range(count):
+            ops.rmsnorm(x, g, np.float32(1e-5), xn)
+            s += quantize_act(xn, xq, np.float32(1e-5))
+        return s
+
+    # the cached drivers embed the engine's kernels: drop them when those files changed
+    drop_stale_cache(__file__, _DRIVER_DEPS, ternary)
+    return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
+            "vector": vector}
+
+
+_DRIVER_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
+                                              "kernels_dense.py", "fastmath.py"))
+
+
+_DRIVERS: dict[str, Callable] | None = None
+
+
+def drivers() -> dict[str, Callable]:
+    global _DRIVERS
+    if _DRIVERS is None:
+        _DRIVERS = _drivers()
+    return _DRIVERS
+
+
+# ---- one op at one size ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpSample:
+    op: str
+    threads: int
+    rows: int  # per-row units (rows of a matrix, d_inner x dt_rank of an SSM step; 0 where none)
+    units: float  # the per-unit count (weights, d_inner x d_state, n x d_model, length)
+    seconds: float  # median seconds per call
+    tails: int = 0  # rows whose last 256-column segment is partial (ternary matvecs)
+
+
+def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generator):
+    """(run(count), rows, units) for one op at one shape."""
+    from tern.kernels.packing import random_ternary2
+
+    d = drivers()
+    f32 = np.float32
+    par = threads > 1
+    if op in ("ternary_matvec", "ternary_stream"):
+        r, c = shape
+        P = random_ternary2(r, c, seed=int(rng.integers(1 << 30)))
+        S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
+        stream = op == "ternary_stream"
+        return (lambda n: d["ternary"](P, S, xq, out, n, par, False, stream)), r, float(r * c)
+    if op == "ternary_skip":
+        h, dd = shape  # H inputs (rows of the transposed matrix), D outputs
+        Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
+        hq = rng.integers(1, 128, h).astype(np.int8)  # every input nonzero: nothing skipped
+        S, out = np.ones(dd, f32), np.zeros(dd, f32)
+        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False)), dd, float(h * dd)
+    if op == "int8_matvec":
+        r, c = shape
+        W = rng.integers(-127, 128, (r, c)).astype(np.int8)
+        S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return (lambda n: d["int8"](W, S, x, out, n, par)), r, float(r * c)
+    if op == "fp32_matvec":
+        r, c = shape
+        W = rng.standard_normal((r, c)).astype(f32)
+        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return (lambda n: d["fp32"](W, x, out, n, par)), r, float(r * c)
+    if op == "ssm_step":
+        di, ns, rk = shape
+        dtwT = (0.1 * rng.standard_normal((rk, di))).astype(f32)
+        AT = -np.abs(rng.standard_normal((ns, di))).astype(f32)
+        hT, dbc = np.zeros((ns, di), f32), rng.standard_normal(rk + 2 * ns).astype(f32)
+        uc = rng.standard_normal(di).astype(f32)
+        z, dt, y, dtb, Dp = uc.copy(), np.zeros(di, f32), np.zeros(di, f32), np.zeros(di, f32), np.ones(di, f32)
+        return (lambda n: d["ssm"](dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
+    if op == "attention":
+        dm, nh, npos = shape
+        kc = rng.standard_normal((npos, dm)).astype(f32)
+        vc = rng.standard_normal((npos, dm)).astype(f32)
+        q, sc, y = rng.standard_normal(dm).astype(f32), np.zeros(npos, f32), np.zeros(dm, f32)
+        return (lambda n: d["attn"](q, kc, vc, npos - 1, nh, sc, y, n)), 0, float(npos * dm)
+    if op == "vector":
+        (length,) = shape
+        x, g = rng.standard_normal(length).astype(f32), np.ones(length, f32)
+        xn, xq = np.zeros(length, f32), np.zeros(length, np.int8)
+        return (lambda n: d["vector"](x, g, xn, xq, n)), 0, float(length)
+    raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+
+
+def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Sizes an op is timed at (see the module table)."""
+    if op in MATVEC_OPS:
+        fam = {"ternary_matvec": "ternary", "ternary_stream": "ternary", "ternary_skip": "ternary",
+               "int8_matvec": "int8",
+               "fp32_matvec": "fp32"}[op]
+        if threads > 1:
+            return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]
+        return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]
+    if op == "ssm_step":
+        return tuple(_SSM_SHAPES[i] for i in _SSM_QUICK) if quick else _SSM_SHAPES
+    if op == "attention":
+        return _ATTN_SHAPES[:3] if quick else _ATTN_SHAPES
+    if op == "vector":
+        return tuple((n,) for n in (_VECTOR_SIZES[:2] + _VECTOR_SIZES[-1:] if quick else _VECTOR_SIZES))
+    raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+
+
+def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingConfig | None = None,
+            seed: int = 0) -> OpSample:
+    """Median seconds per call of ``op`` at ``shape`` on ``threads`` threads."""
+    timing = timing or TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005)
+    rng = np.random.default_rng(seed)
+    with numba_threads(threads):
+        run, rows, units = _setup(op, shape, threads, rng)
+        t = timed_runs(run, timing, fixed_cost_check=threads > 1)
+    per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
+    tails = rows if op in ("ternary_matvec", "ternary_stream") and shape[1] % 256 else 0
+    return OpSample(op, threads, rows, units, per_call["median"], tails)
+
+
+# ---- fitting -------------------------------------------------------------------------------
+def nnls(A: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Non-negative least squares min |A x - b| (x >= 0) by active-set elimination: solve,
+    drop the most negative coefficient, repeat (A is small: a few columns)."""
+    A, b = np.asarray(A, float), np.asarray(b, float)
+    active = list(range(A.shape[1]))
+    x = np.zeros(A.shape[1])
+    for _ in range(iters):
+        if not active:
+            break
+        sol, *_ = np.linalg.lstsq(A[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0
+            x[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_cost(samples: list[OpSample]) -> OpCost:
+    """Fit seconds = call + row x rows + unit x units to samples of one op and thread
+    count. Rows are weighted by 1/seconds (relative error is what predictions feel)."""
+    if not samples:
+        raise ValueError("no samples to fit")
+    op, threads = samples[0].op, samples[0].threads
+    if any(s.op != op or s.threads != threads for s in samples):
+        raise ValueError("fit_cost needs samples of one op and thread count")
+    has_rows = any(s.rows for s in samples)
+    has_tails = any(s.tails for s in samples)
+    cols = [[1.0, float(s.rows) if has_rows else 0.0, s.units, float(s.tails)] for s in samples]
+    keep = [0, 1, 2, 3] if has_rows and has_tails else [0, 1, 2] if has_rows else [0, 2]
+    A = np.array(cols)[:, keep] / np.array([[s.seconds] for s in samples])
+    x = np.zeros(4)
+    x[keep] = nnls(A, np.ones(len(samples)))
+    call, row, unit, tail = (float(v) for v in x)
+    pred = np.array([call + row * s.rows + unit * s.units + tail * s.tails for s in samples])
+    meas = np.array([s.seconds for s in samples])
+    err = float(np.max(np.abs(pred / meas - 1)))
+    return OpCost(op=op, threads=threads, call_s=call, row_s=row, unit_s=unit,
+                  samples=len(samples), max_rel_err=err, tail_s=tail)
+
+
+def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
+                     timing: TimingConfig | None = None) -> list[OpCost]:
+    """Time every op at its sizes (matvecs also at each thread count > 1) and fit costs."""
+    from tqdm import tqdm
+
+    plan = [(op, 1, shape) for op in OPS for shape in op_shapes(op, 1, quick)]
+    plan += [(op, t, shape) for t in threads if t > 1 for op in MATVEC_OPS for shape in op_shapes(op, t, quick)]
+    by_key: dict[tuple[str, int], list[OpSample]] = {}
+    for op, t, shape in tqdm(plan, desc="engine op costs", unit="size", disable=not progress, leave=False,
+                             file=sys.stderr, mininterval=0.5):
+        by_key.setdefault((op, t), []).append(time_op(op, shape, t, timing))
+    return [fit_cost(v) for v in by_key.values()]
+
+
+def render_costs(costs: list[OpCost]) -> str:
+    lines = [f"{'op':<15} {'thr':>3} {'call us':>8} {'row ns':>8} {'unit ps':>8} {'tail ns':>8} {'fit err':>8}"]
+    for c in costs:
+        lines.append(f"{c.op:<15} {c.threads:>3} {c.call_s * 1e6:>8.3f} {c.row_s * 1e9:>8.3f} "
+                     f"{c.unit_s * 1e12:>8.2f} {c.tail_s * 1e9:>8.3f} {100 * c.max_rel_err:>7.1f}%")
+    return "\n".join(lines)

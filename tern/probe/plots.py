@@ -1,0 +1,129 @@
+"""Figure of the host probe: bandwidth against working-set size.
+
+Drawn from a HostProfile only (the curve points and the plateaus of
+:func:`tern.probe.detect_plateaus`), so it can be regenerated from a saved
+host_profile.json. Uses matplotlib's object API (no pyplot state): works headless.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullFormatter
+
+from tern.core.host_profile import BandwidthPoint, HostProfile
+from tern.probe.bandwidth import format_bytes
+from tern.probe.plateaus import detect_plateaus
+
+_STYLES = {"read": "-", "copy": "--", "triad": ":"}
+
+
+def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read",),
+                   threads: Sequence[int] | None = None, stat: str = "median",
+                   label_plateaus: bool = True, show_spread: bool = True,
+                   figsize: tuple[float, float] = (9.0, 5.0)) -> Figure:
+    """GB/s against working set (log2 x axis), one curve per (kernel, thread count),
+    cache sizes as vertical lines, plateaus as labelled horizontal segments.
+    ``show_spread``: a shaded band per curve from the slowest to the fastest timed run of
+    each point (points without recorded runs, e.g. a reference curve, get none).
+    ``kernels=None``: every kernel the profile measured."""
+    if stat not in ("median", "best"):
+        raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
+    fig = Figure(figsize=figsize)
+    ax = fig.add_subplot(1, 1, 1)
+    all_threads = sorted({p.threads for p in profile.bandwidth})
+    if kernels is None:
+        kernels = sorted({p.kernel for p in profile.bandwidth}, key=lambda k: (k != "read", k))
+    threads = list(threads) if threads is not None else all_threads
+    xs_all: list[int] = []
+    drawn = 0
+    for kernel in kernels:
+        avail = profile.thread_counts(kernel)
+        for t in threads:
+            if t not in avail:
+                continue
+            curve = profile.curve(t, kernel)
+            xs = [p.working_set_bytes for p in curve]
+            ys = [p.gbps_median if stat == "median" else p.gbps_best for p in curve]
+            color = f"C{all_threads.index(t) % 10}"
+            ax.plot(xs, ys, _STYLES.get(kernel, "-."), marker="o", ms=3, color=color,
+                    label=f"{kernel}, {t} thread{'s' if t > 1 else ''}")
+            if show_spread:
+                _draw_spread(ax, curve, color)
+            xs_all += xs
+            drawn += 1
+            if label_plateaus:
+                _draw_plateaus(ax, profile, t, kernel, color, xs[0], xs[-1])
+    if not drawn:
+        raise ValueError(f"profile {profile.label!r} has no curve for kernels {list(kernels)} "
+                         f"and threads {threads}")
+    _mark_caches(ax, profile, min(xs_all), max(xs_all))
+    _log2_bytes_axis(ax, min(xs_all), max(xs_all))
+    ax.set_xlabel("working set (bytes, log2 scale)")
+    ax.set_ylabel(f"bandwidth, GB/s (1e9 bytes/s, {stat} of repeats"
+                  f"{'; band: slowest to fastest run' if show_spread else ''})")
+    ax.set_ylim(bottom=0)
+    cpu = profile.host.get("cpu_model") or profile.host.get("cpu") or ""
+    ax.set_title(f"Bandwidth against working set: {cpu} ({profile.label})", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def _draw_spread(ax, curve: Sequence[BandwidthPoint], color: str) -> None:
+    """Band from each point's slowest (gbps_min) to fastest (gbps_best) run; gaps where a
+    point has no gbps_min."""
+    pts = [p for p in curve if p.gbps_min is not None]
+    if not pts:
+        return
+    known = {p.working_set_bytes for p in pts}
+    xs = [p.working_set_bytes for p in curve]
+    ax.fill_between(xs, [p.gbps_min if p.gbps_min is not None else p.gbps_median for p in curve],
+                    [p.gbps_best for p in curve], where=[x in known for x in xs],
+                    color=color, alpha=0.18, lw=0)
+
+
+def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: str,
+                   x_lo: float, x_hi: float) -> None:
+    for p in detect_plateaus(profile, threads, kernel):
+        if p.gbps is None:
+            continue
+        lo = max(p.lo_bytes, x_lo)
+        hi = min(p.hi_bytes, x_hi) if p.hi_bytes is not None else x_hi
+        if hi <= lo:
+            lo = hi = min(max(lo, x_lo), x_hi)
+        ax.plot([lo, hi], [p.gbps, p.gbps], color=color, lw=3, alpha=0.35, solid_capstyle="butt")
+        text = f"{p.name} {p.gbps:.0f}"
+        if p.runs and p.gbps_min is not None and p.gbps_max is not None:
+            text += f" ({p.gbps_min:.0f}\u2013{p.gbps_max:.0f})"  # slowest to fastest run
+        ax.annotate(text, (math.sqrt(lo * hi), p.gbps), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=7, color=color)
+
+
+def _mark_caches(ax, profile: HostProfile, x_lo: float, x_hi: float) -> None:
+    marks: dict[int, str] = {}
+    for c in profile.caches:
+        if c.type not in ("Data", "Unified"):
+            continue
+        marks.setdefault(c.size_bytes, f"L{c.level} {format_bytes(c.size_bytes)}")
+        if c.instances > 1:
+            marks.setdefault(c.total_bytes, f"L{c.level} total {format_bytes(c.total_bytes)}")
+    for x, text in sorted(marks.items()):
+        if x_lo <= x <= x_hi:
+            ax.axvline(x, color="0.4", ls=":", lw=1)
+            ax.text(x, 0.98, f" {text}", rotation=90, va="top", ha="right", fontsize=7, color="0.3",
+                    transform=ax.get_xaxis_transform())
+
+
+def _log2_bytes_axis(ax, x_lo: float, x_hi: float) -> None:
+    ax.set_xscale("log", base=2)
+    lo, hi = math.floor(math.log2(x_lo)), math.ceil(math.log2(x_hi))
+    step = 2 if hi - lo <= 24 else 4
+    ticks = [2.0 ** k for k in range(lo - lo % 2, hi + 1, step)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.set_xticklabels([format_bytes(t) for t in ticks], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(x_lo / 1.15, x_hi * 1.15)

@@ -1,0 +1,90 @@
+"""`tern generate`: stream text from a packed model with the numba Engine.
+
+    tern generate --model model.tern --prompt "Once upon a time" -n 100 --temperature 0.8
+
+The tokenizer is the one named in the file's metadata (``--tokenizer`` overrides). Text
+streams to stdout as it is generated; timing goes to stderr. With ``--json`` nothing
+streams and one object is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+JSON_FIELDS = """\
+  text: generated text (prompt excluded), prompt, token_ids (generated), prompt_tokens,
+  generated_tokens, tok_per_s (generation only, prompt excluded), prefill_s, decode_s,
+  model, tokenizer, threads, seed, temperature, top_k, top_p, repetition_penalty"""
+
+
+def cli_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="packed model file (tern export)")
+    p.add_argument("--prompt", default="", help="prompt text (default: the document separator)")
+    p.add_argument("-n", type=int, default=100, help="tokens to generate (default 100)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0: off (default 40)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL-style, 1: off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="numba threads")
+    p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
+
+
+def cli_run(args: argparse.Namespace) -> dict[str, Any]:
+    from tern.data.tokenizer import get_tokenizer
+    from tern.run.engine import Engine
+
+    eng = Engine(args.model, threads=args.threads)
+    name = args.tokenizer or (eng.model.tokenizer or {}).get("name")
+    if not name:
+        raise ValueError(f"{args.model} names no tokenizer; pass --tokenizer")
+    tok = get_tokenizer(name)
+    want = (eng.model.tokenizer or {}).get("sha256")
+    if want and tok.hash != want and not args.tokenizer:
+        raise ValueError(f"tokenizer {name} here has sha256 {tok.hash[:12]}..., the model was "
+                         f"exported with {want[:12]}...; pass --tokenizer to override")
+    if tok.vocab_size > eng.cfg.vocab_size:
+        raise ValueError(f"tokenizer {name} has {tok.vocab_size} tokens, the model only {eng.cfg.vocab_size}")
+    prompt_ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
+    stream = not getattr(args, "json", False)
+    ids: list[int] = []
+    printed = ""
+    t0 = time.perf_counter()
+    t_first = None
+    for t in eng.generate(prompt_ids, args.n, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed):
+        if t_first is None:
+            t_first = time.perf_counter()
+        ids.append(t)
+        if stream:
+            text = tok.decode(ids)
+            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                sys.stdout.write(text[len(printed):])
+                sys.stdout.flush()
+                printed = text
+    t_end = time.perf_counter()
+    text = tok.decode(ids)
+    if stream:
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+    prefill = (t_first or t_end) - t0
+    decode = t_end - (t_first or t_end)
+    result = {
+        "text": text, "prompt": args.prompt, "token_ids": ids, "prompt_tokens": len(prompt_ids),
+        "generated_tokens": len(ids), "prefill_s": prefill, "decode_s": decode,
+        "tok_per_s": (len(ids) - 1) / decode if len(ids) > 1 and decode > 0 else None,
+        "model": str(args.model), "tokenizer": name, "threads": args.threads, "seed": args.seed,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    tps = result["tok_per_s"]
+    print(f"\n[tern generate] {len(ids)} tokens, {tps:.0f} tok/s" if tps else
+          f"\n[tern generate] {len(ids)} tokens", file=sys.stderr)
+    return result
+
+
+def cli_render(result: dict[str, Any]) -> str:
+    return ""  # the text was streamed; the final newline ends it

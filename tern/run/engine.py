@@ -1,0 +1,372 @@
+"""The decode Engine: a packed model file, preallocated state, one numba call per token.
+
+    eng = Engine("model.tern")             # validated, memory-mapped
+    logits = eng.step(token)               # (V,) float32
+    for tok in eng.generate(prompt_ids, 100, temperature=0.8, top_p=0.95, seed=0): ...
+
+Options select the rungs of the ablation ladder (``tern bench ladder``); every combination
+computes the same model (docs/MODEL.md):
+
+- ``kernel="fp32"``: BitLinear matrices dequantized to fp32 at load, dense fp32 matvecs
+  (the baseline); ``"ternary"`` (default): the packed ternary2 kernels on the file's bytes.
+- ``act_skip``: down projections read transposed, skipping the columns of hidden units that
+  are exactly zero (tern.kernels.kernels_ternary.ternary_matvec_skip).
+- ``moe_skip``: only the top_k routed experts are computed (else all, weight 0 for the rest).
+- ``fused``: the whole token runs in one numba function (else Python loops over layers).
+- ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
+  ``par_min_weights`` weights (smaller ones stay serial: a parallel region costs more than
+  they do); every reduction keeps its order, so logits are identical to ``threads=1``.
+- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
+  packed bytes) in
+  a pool that cannot stay in the last-level cache are read one row per pass, a single
+  sequential stream the hardware prefetcher follows (tern.kernels.policy.stream_row_bytes);
+  "auto" (default) applies that rule with this machine's LLC size, "on" streams every
+  long-row matrix, "off" none. The sums are the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from tern.core.config import tensor_specs
+from tern.core.host_caches import host_llc_bytes
+from tern.kernels import ops
+from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2
+from tern.kernels.policy import (
+    PAR_MIN_WEIGHTS,
+    STREAM_MAX_ROW_BYTES,
+    STREAM_MIN_ROW_BYTES,
+    stream_row_bytes,
+)
+from tern.packed.format import TERNARY_FORMATS
+from tern.packed.reader import PackedModel, load_packed, to_float32
+
+KERNELS = ("ternary", "fp32")
+STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
+ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
+FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
+
+
+class _Aux:
+    """Engine-derived tensors, concatenated 64-byte aligned into one read-only buffer."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> int:
+        """Queue ``a`` (C order); returns its address (aux buffer, see tern.kernels.ops)."""
+        b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        off = self.size
+        self.parts.append(b)
+        pad = (-b.size) % 64
+        if pad:
+            self.parts.append(np.zeros(pad, np.uint8))
+        self.size += b.size + pad
+        return off * 2 + 1
+
+    def build(self) -> np.ndarray:
+        out = np.concatenate(self.parts) if self.parts else np.zeros(64, np.uint8)
+        out.flags.writeable = False  # same numba type as the read-only file buffer
+        return out
+
+
+class Engine:
+    """Numba decode engine over a packed model file (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
+                 act_skip: bool = True, moe_skip: bool = True, fused: bool = True,
+                 check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
+                 stream: str = "auto"):
+        if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+        if threads > numba.config.NUMBA_NUM_THREADS:
+            raise ValueError(f"threads={threads} exceeds numba's {numba.config.NUMBA_NUM_THREADS} threads")
+        # Launch numba's threading layer now: the per-token functions link parallel kernels,
+        # and calling them before the layer is up crashes (fused_call users included).
+        numba.get_num_threads()
+        kernel = kernel or "ternary"
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == "fp32" and act_skip:
+            raise ValueError("act_skip needs the ternary kernel (the fp32 baseline has no skip)")
+        self.model = path if isinstance(path, PackedModel) else load_packed(path, check=check)
+        self.cfg = self.model.cfg
+        self.path = Path(self.model.path)
+        self.threads = int(threads)
+        self.kernel, self.act_skip, self.moe_skip, self.fused = kernel, bool(act_skip), bool(moe_skip), bool(fused)
+        self.trace_experts = bool(trace_experts)
+        if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:
+            raise ValueError(f"par_min_weights must be an integer >= 0, got {par_min_weights!r}")
+        self.par_min_weights = int(par_min_weights)
+        if stream not in STREAM_MODES:
+            raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
+        self.stream = stream
+        if stream == "auto":
+            self.stream_row_bytes = stream_row_bytes(self.cfg, host_llc_bytes())
+        else:
+            self.stream_row_bytes = (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0)
+        self._build_tables()
+        self._alloc_state()
+        self.reset()
+
+    # ---- set-up --------------------------------------------------------------------------
+    def _file_addr(self, stored: str) -> int:
+        return self.model.offsets[stored] * 2
+
+    def _matrix(self, aux: _Aux, name: str, orientation: str) -> tuple[int, int]:
+        """(matrix address, scale address) of a BitLinear spec in this engine's kernel
+        format: fp32 dequantized (rows, cols), or ternary2 packed in ``orientation``."""
+        p = self.model.packing[name]
+        if p["format"] not in TERNARY_FORMATS:
+            raise ValueError(f"{name}: the engine needs a ternary format, the file stores {p['format']}")
+        s_addr = self._file_addr(f"{name}.scale")
+        if self.kernel == "fp32":
+            wt, s = self.model.ternary(name)  # (..., rows, cols), (..., rows)
+            return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
+        if p["orientation"] == orientation:
+            if p["format"] == "ternary2":
+                return self._file_addr(f"{name}.packed"), s_addr
+            pk = self.model.tensors[f"{name}.packed"]
+            cols = p["rows"] if orientation == "transposed" else p["cols"]
+            flat = pk.reshape(-1, pk.shape[-1])
+            return aux.add(expand_b3_to_ternary2(np.ascontiguousarray(flat), cols)), s_addr
+        wt, _ = self.model.ternary(name)  # (..., rows, cols)
+        if orientation == "transposed":
+            wt = np.swapaxes(wt, -1, -2)
+        flat = np.ascontiguousarray(wt).reshape(-1, wt.shape[-1])
+        return aux.add(pack_ternary2(flat)), s_addr
+
+    def _dense(self, aux: _Aux, name: str) -> tuple[int, int, bool]:
+        """(address, scale address, is_int8) of an embedding / head / router matrix: fp32
+        and int8 straight from the file, fp16 / bf16 converted to fp32."""
+        fmt = self.model.packing[name]["format"]
+        if fmt == "fp32":
+            return self._file_addr(name), -1, False
+        if fmt == "int8":
+            return self._file_addr(f"{name}.q"), self._file_addr(f"{name}.scale"), True
+        if fmt in ("fp16", "bf16"):
+            return aux.add(to_float32(self.model.tensors[name], fmt)), -1, False
+        raise ValueError(f"{name}: format {fmt} is not supported by the engine")
+
+    def _build_tables(self) -> None:
+        cfg, m = self.cfg, self.model
+        if self.kernel == "fp32":
+            est = sum(s.numel * 4 for s in tensor_specs(cfg) if m.packing[s.name]["format"] in TERNARY_FORMATS)
+            if est > FP32_BASELINE_MAX_BYTES:
+                raise ValueError(f"the fp32 baseline would dequantize ~{est / 2**30:.1f} GiB of weights "
+                                 f"(limit {FP32_BASELINE_MAX_BYTES / 2**30:.0f} GiB); use kernel='ternary'")
+        aux = _Aux()
+        L = cfg.n_layers
+        T = np.full((L, ops.N_FIELDS), -1, np.int64)
+        LI = np.full((L, ops.N_LINTS), -1, np.int64)
+        down_orient = "transposed" if (self.kernel == "ternary" and self.act_skip) else "rows"
+        n_ssm = n_attn = n_moe = 0
+        hmax = 1
+        for i in range(L):
+            p = f"layers.{i}"
+            T[i, ops.F_NORM1] = self._file_addr(f"{p}.norm1.weight")
+            if cfg.mixer(i) == "ssm":
+                LI[i, ops.L_KIND], LI[i, ops.L_STATE] = ops.KIND_SSM, n_ssm
+                n_ssm += 1
+                T[i, ops.F_IN], T[i, ops.F_IN_S] = self._matrix(aux, f"{p}.mixer.in_proj.weight", "rows")
+                T[i, ops.F_XP], T[i, ops.F_XP_S] = self._matrix(aux, f"{p}.mixer.x_proj.weight", "rows")
+                T[i, ops.F_OUT], T[i, ops.F_OUT_S] = self._matrix(aux, f"{p}.mixer.out_proj.weight", "rows")
+                T[i, ops.F_CONV_W] = aux.add(m.tensors[f"{p}.mixer.conv.weight"].T)  # (K, Di)
+                T[i, ops.F_CONV_B] = self._file_addr(f"{p}.mixer.conv.bias")
+                T[i, ops.F_DT_W] = aux.add(m.tensors[f"{p}.mixer.dt_proj.weight"].T)  # (R, Di)
+                T[i, ops.F_DT_B] = self._file_addr(f"{p}.mixer.dt_proj.bias")
+                T[i, ops.F_D] = self._file_addr(f"{p}.mixer.D")
+                A_log = m.tensors[f"{p}.mixer.A_log"]
+                T[i, ops.F_A] = aux.add((-np.exp(A_log.astype(np.float32))).T)  # A = -exp(A_log), (N, Di)
+            else:
+                LI[i, ops.L_KIND], LI[i, ops.L_STATE] = ops.KIND_ATTN, n_attn
+                n_attn += 1
+                T[i, ops.F_IN], T[i, ops.F_IN_S] = self._matrix(aux, f"{p}.mixer.qkv.weight", "rows")
+                T[i, ops.F_OUT], T[i, ops.F_OUT_S] = self._matrix(aux, f"{p}.mixer.out_proj.weight", "rows")
+            LI[i, ops.L_NSH], LI[i, ops.L_HSH] = 0, 0
+            if cfg.is_moe(i):
+                T[i, ops.F_NORM2] = self._file_addr(f"{p}.norm2.weight")
+                LI[i, ops.L_MOE], LI[i, ops.L_E] = n_moe, cfg.n_experts
+                LI[i, ops.L_HE], LI[i, ops.L_TOPK] = cfg.expert_hidden, cfg.top_k
+                n_moe += 1
+                rname = f"{p}.ffn.router.weight"
+                if m.packing[rname]["format"] == "fp32":
+                    T[i, ops.F_ROUTER] = self._file_addr(rname)
+                else:  # routing math is fp32 on the dequantized router (docs/MODEL.md)
+                    T[i, ops.F_ROUTER] = aux.add(m.weight(rname))
+                if cfg.n_shared:
+                    LI[i, ops.L_NSH], LI[i, ops.L_HSH] = cfg.n_shared, cfg.shared_hidden
+                    hmax = max(hmax, cfg.shared_hidden)
+                    T[i, ops.F_SG], T[i, ops.F_SG_S] = self._matrix(aux, f"{p}.ffn.shared.gate", "rows")
+                    T[i, ops.F_SU], T[i, ops.F_SU_S] = self._matrix(aux, f"{p}.ffn.shared.up", "rows")
+                    T[i, ops.F_SD], T[i, ops.F_SD_S] = self._matrix(aux, f"{p}.ffn.shared.down", down_orient)
+                hmax = max(hmax, cfg.expert_hidden)
+                T[i, ops.F_EG], T[i, ops.F_EG_S] = self._matrix(aux, f"{p}.ffn.experts.gate", "rows")
+                T[i, ops.F_EU], T[i, ops.F_EU_S] = self._matrix(aux, f"{p}.ffn.experts.up", "rows")
+                T[i, ops.F_ED], T[i, ops.F_ED_S] = self._matrix(aux, f"{p}.ffn.experts.down", down_orient)
+            elif cfg.mlp_hidden:  # a dense MLP is computed as one always-on shared expert
+                T[i, ops.F_NORM2] = self._file_addr(f"{p}.norm2.weight")
+                LI[i, ops.L_NSH], LI[i, ops.L_HSH] = 1, cfg.mlp_hidden
+                hmax = max(hmax, cfg.mlp_hidden)
+                T[i, ops.F_SG], T[i, ops.F_SG_S] = self._matrix(aux, f"{p}.ffn.gate.weight", "rows")
+                T[i, ops.F_SU], T[i, ops.F_SU_S] = self._matrix(aux, f"{p}.ffn.up.weight", "rows")
+                T[i, ops.F_SD], T[i, ops.F_SD_S] = self._matrix(aux, f"{p}.ffn.down.weight", down_orient)
+        G = np.zeros(ops.N_GLOBALS, np.int64)
+        G[ops.G_D], G[ops.G_DI], G[ops.G_N] = cfg.d_model, cfg.d_inner, cfg.d_state
+        G[ops.G_R], G[ops.G_K], G[ops.G_V] = cfg.dt_rank_eff, cfg.d_conv, cfg.vocab_size
+        G[ops.G_WIN], G[ops.G_NH], G[ops.G_NL] = cfg.attn_window, cfg.n_heads, L
+        G[ops.G_HMAX], G[ops.G_EMAX] = hmax, max(cfg.n_experts, 1)
+        G[ops.G_ACT] = ACT_CODES[cfg.activation]
+        G[ops.G_KERNEL] = ops.KERNEL_FP32 if self.kernel == "fp32" else ops.KERNEL_TERNARY
+        G[ops.G_ACT_SKIP], G[ops.G_MOE_SKIP] = int(self.act_skip), int(self.moe_skip)
+        G[ops.G_PAR] = int(self.threads > 1)
+        G[ops.G_PAR_MIN] = self.par_min_weights
+        G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
+        G[ops.G_STREAM_RB] = self.stream_row_bytes[0]
+        G[ops.G_STREAM_RB_MAX] = STREAM_MAX_ROW_BYTES
+        G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
+        G[ops.G_EMBED_INT8] = int(emb_int8)
+        head = "embed.weight" if cfg.tie_embeddings else "head.weight"
+        G[ops.G_HEAD], G[ops.G_HEAD_S], head_int8 = self._dense(aux, head)
+        G[ops.G_HEAD_INT8] = int(head_int8)
+        G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
+        routed = G.copy()  # ops.routed_globals: the routed experts' row
+        routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
+        G = np.concatenate([G, routed])
+        self.G, self.T, self.LI = G, T, LI
+        self.aux = aux.build()
+        self.buf = self.model.buffer
+        self.n_ssm, self.n_attn, self.n_moe = n_ssm, n_attn, n_moe
+        self.eps = float(cfg.norm_eps)
+
+    def _alloc_state(self) -> None:
+        cfg = self.cfg
+        Di, N, K, D, W = cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.d_model, cfg.attn_window
+        self.ssm_h = np.zeros((self.n_ssm, N, Di), np.float32)  # SSM states, transposed
+        self.conv = np.zeros((self.n_ssm, K - 1, Di), np.float32)  # conv tails (oldest first)
+        self.kc = np.zeros((self.n_attn, W, D), np.float32)  # key ring buffers
+        self.vc = np.zeros((self.n_attn, W, D), np.float32)  # value ring buffers
+        self.pos = np.zeros(1, np.int64)  # tokens seen since reset
+        nf, ni = ops.work_sizes(self.G)
+        self.work = np.zeros(nf, np.float32)
+        self.iwork = np.zeros(ni, np.int8)
+        self.counts = np.zeros((self.n_moe, max(cfg.n_experts, 1)), np.int64)
+        self.last = np.zeros((self.n_moe, max(cfg.top_k, 1)), np.int64)
+        self.logits = np.zeros(cfg.vocab_size, np.float32)
+        self.expert_trace: list[np.ndarray] = []
+        self._before = (self.buf, self.aux, self.G, self.T, self.LI, self.eps)
+        self._after = (self.ssm_h, self.conv, self.kc, self.vc, self.pos, self.work, self.iwork, self.counts,
+                       self.last, self.logits)
+
+    # ---- public API --------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the context: zero SSM states, conv tails, attention caches, expert counts."""
+        for a in (self.ssm_h, self.conv, self.kc, self.vc, self.pos, self.counts, self.last):
+            a[...] = 0
+        self.expert_trace = []
+
+    @property
+    def position(self) -> int:
+        """Tokens processed since the last reset."""
+        return int(self.pos[0])
+
+    @property
+    def expert_counts(self) -> np.ndarray:
+        """(n_moe_layers, n_experts) int64: how often each routed expert was chosen since
+        reset (per-token choices in :attr:`expert_trace` when ``trace_experts``)."""
+        return self.counts.copy()
+
+    def check_token(self, token: Any) -> int:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise ValueError(f"token id must be an integer, got {token!r}")
+        if not 0 <= token < self.cfg.vocab_size:
+            raise ValueError(f"token id {int(token)} is out of range 0..{self.cfg.vocab_size - 1}")
+        return int(token)
+
+    def fused_call(self) -> tuple[Any, tuple, tuple]:
+        """``(fn, before, after)`` with ``fn(*before, token, *after)`` the bare numba
+        per-token call (ops.token_step) on this engine's buffers - no checks, for timing
+        the Python overhead of :meth:`step` against it."""
+        return ops.token_step, self._before, self._after
+
+    def _run(self, token: int) -> None:
+        if numba.get_num_threads() != self.threads:
+            numba.set_num_threads(self.threads)
+        if self.fused:
+            ops.token_step(*self._before, token, *self._after)
+        else:
+            buf, aux, G, T, LI, eps = self._before
+            ops.embed_step(buf, aux, G, token, self.work)
+            for layer in range(self.cfg.n_layers):
+                ops.mixer_step(buf, aux, G, T, LI, layer, eps, self.ssm_h, self.conv, self.kc, self.vc,
+                               self.pos, self.work, self.iwork)
+                ops.ffn_step(buf, aux, G, T, LI, layer, eps, self.work, self.iwork, self.counts, self.last)
+            ops.head_step(buf, aux, G, T, eps, self.work, self.iwork, self.logits)
+            self.pos[0] += 1
+        if self.trace_experts and self.n_moe:
+            self.expert_trace.append(self.last.copy())
+
+    def step(self, token: int) -> np.ndarray:
+        """Feed one token; returns the next-token logits (V,) float32 (a copy)."""
+        self._run(self.check_token(token))
+        return self.logits.copy()
+
+    def generate(self, prompt_ids: Sequence[int], n: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                 reset: bool = True, penalty_window: int = 64) -> Iterator[int]:
+        """Stream ``n`` sampled token ids after ``prompt_ids`` (tern.core.sampling.sample_next;
+        temperature 0 is greedy). Deterministic for a given seed."""
+        from tern.core.sampling import sample_next
+
+        prompt = [self.check_token(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        if reset:
+            self.reset()
+        rng = np.random.default_rng(seed)
+        recent = list(prompt[-penalty_window:])
+        for t in prompt:
+            self._run(t)
+        for _ in range(n):
+            tok = int(sample_next(self.logits, rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  repetition_penalty=repetition_penalty, recent_tokens=recent))
+            yield tok
+            recent = (recent + [tok])[-penalty_window:]
+            self._run(tok)
+
+    def nll_sum(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Summed negative log-likelihood (nats) of every ``y[b, t]`` given ``x[b, :t + 1]``,
+        each row from an empty state: the ``nll_fn`` of :func:`tern.data.val_bpb`.
+        x, y: int arrays (B, T). Leaves the engine reset."""
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim != 2 or x.shape != y.shape:
+            raise ValueError(f"nll_sum expects x and y of one shape (B, T), got {x.shape} and {y.shape}")
+        total = 0.0
+        for b in range(x.shape[0]):
+            self.reset()
+            for t in range(x.shape[1]):
+                self._run(self.check_token(x[b, t]))
+                z = self.logits.astype(np.float64)  # (V,)
+                m = z.max()
+                total += m + np.log(np.exp(z - m).sum()) - z[self.check_token(y[b, t])]
+        self.reset()
+        return float(total)
+
+    def close(self) -> None:
+        self.model.close()
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's settings (for benchmark rows)."""
+        return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
+                "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream,
+                "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

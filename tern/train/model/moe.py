@@ -1,0 +1,174 @@
+"""Granular two-pool MoE (docs/MODEL.md, "MoE layer"): shared experts + routed top-k.
+
+    logits = router.weight @ x;  p = softmax(logits)
+    top = top_k largest p (ties: lower index first);  w = p[top] / sum(p[top])
+    out = sum_s shared_s(x) + sum_j w_j * expert_{top_j}(x)
+
+Dropless: every token reaches all of its k experts. Dispatch sorts the (token, expert)
+assignments by expert; the experts then run either as batched matmuls over (E, cap, D)
+(cap = the busiest expert's count, padding rows dropped) or, when padding would add more
+than half the rows (imbalanced routing), one matmul pair per expert on its contiguous
+slice. The input quantization (per token) is shared by all experts; the weighted sum of
+each token's k outputs is one fused kernel on CPU (``moe_numba``). Training adds a Switch-style
+balance loss ``E * sum_e f_e P_e`` (f_e: share of assignments, P_e: mean router
+probability) and the router z-loss ``mean(logsumexp(logits)**2)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tern.core.config import ModelConfig
+from tern.train.model.mlp import ZeroStats, gated_ffn
+from tern.train.model.ternary import Operand, is_ternary, prepare_input, prepare_weight
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """probs (n, E), top indices (n, k) (ties: lower expert index first), weights (n, k)."""
+    p = torch.softmax(logits, dim=-1)  # (n, E)
+    # a stable descending sort keeps the lower index first among equal probabilities
+    top = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top_k]  # (n, k)
+    pt = p.gather(1, top)  # (n, k)
+    return p, top, pt / pt.sum(-1, keepdim=True)
+
+
+def _combine(y_sorted: torch.Tensor, w: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """sum_j w[t, j] * (expert output of assignment (t, j)): y_sorted (n*k, D) in sorted
+    order, w (n, k), order (n*k,) the flat assignment of each sorted row -> (n, D).
+    Fused numba kernels on CPU float32 (``moe_numba``), torch ops elsewhere."""
+    from tern.train.model import moe_numba
+
+    if moe_numba.usable(y_sorted, w):
+        return moe_numba.combine(y_sorted, w, order)
+    n, k = w.shape
+    y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
+    return (w.unsqueeze(-1) * y).sum(1)
+
+
+class _Stacked(nn.Module):
+    """Stacked expert tensors: gate (E, H, D), up (E, H, D), down (E, D, H)."""
+
+    def __init__(self, n: int, hidden: int, d_model: int, out_std: float, ternary: bool):
+        super().__init__()
+        self.ternary = ternary
+        self.gate = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
+        self.up = nn.Parameter(torch.randn(n, hidden, d_model) * 0.02)
+        self.down = nn.Parameter(torch.randn(n, d_model, hidden) * out_std)
+
+    def prepared(self, training: bool) -> tuple[Operand, Operand]:
+        gate_up = prepare_weight(torch.cat([self.gate, self.up], 1), training, self.ternary)  # (E, 2H, D)
+        return gate_up, prepare_weight(self.down, training, self.ternary)  # (E, D, H)
+
+
+class _Router(nn.Module):
+    def __init__(self, n: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, d_model) * 0.02)
+
+
+class ExpertLoad:
+    """Assignments per routed expert, accumulated until :meth:`reset` (not in state_dict)."""
+
+    def __init__(self, n_experts: int) -> None:
+        self.n = n_experts
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = torch.zeros(self.n, dtype=torch.long)
+
+    def add(self, top: torch.Tensor) -> None:
+        self.counts += torch.bincount(top.detach().flatten().cpu(), minlength=self.n)
+
+    def summary(self) -> dict:
+        c = self.counts.double()
+        mean = float(c.mean())
+        return {"assignments": int(c.sum()), "max_over_mean": float(c.max()) / mean if mean else None,
+                "min_over_mean": float(c.min()) / mean if mean else None,
+                "dead_experts": int((self.counts == 0).sum()), "counts": self.counts.tolist()}
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, out_std: float = 0.02):
+        super().__init__()
+        D = cfg.d_model
+        self.n_experts, self.top_k, self.hidden = cfg.n_experts, cfg.top_k, cfg.expert_hidden
+        self.n_shared, self.shared_hidden = cfg.n_shared, cfg.shared_hidden
+        self.act, self.eps = cfg.activation, cfg.norm_eps
+        self.router = _Router(cfg.n_experts, D)
+        if cfg.n_shared:
+            self.shared = _Stacked(cfg.n_shared, cfg.shared_hidden, D, out_std, is_ternary(cfg.mlp_format))
+        self.experts = _Stacked(cfg.n_experts, cfg.expert_hidden, D, out_std, is_ternary(cfg.expert_format))
+        self.stats = ZeroStats()  # routed experts' hidden units
+        self.shared_stats = ZeroStats()
+        self.load = ExpertLoad(cfg.n_experts)
+        self.aux: dict[str, torch.Tensor] = {}
+        # "auto": on CUDA batched over experts unless padding would add > 50 % rows, on CPU
+        # the loop (fewer FLOPs; the sandbox trains ~15 % faster than batched here);
+        # "loop": one matmul pair per expert; "padded": always batched (identical results)
+        self.dispatch = "auto"
+
+    def _experts_loop(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
+        """One gated FFN per expert on its contiguous slice. split / unbind (not indexing):
+        their backward is one cat / stack, not a zero-filled full-size gradient per expert."""
+        x_e = xs.parts(lambda t: torch.split(t, counts))  # E x (n_e, D)
+        gu, dn = (w.parts(lambda t: t.unbind(0)) for w in self.experts.prepared(tr))  # E x (2H, D), (D, H)
+        ys = [gated_ffn(x_e[e], gu[e], dn[e], self.hidden, self.act, self.eps, tr, et, self.stats)
+              for e, c in enumerate(counts) if c]
+        return torch.cat(ys, 0)  # (n*k, D)
+
+    def _experts_padded(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
+        """All experts in batched matmuls over (E, cap, D), cap = the largest expert's
+        token count; padding rows are zero and dropped afterwards (dropless)."""
+        E, dev = self.n_experts, xs.values.device
+        cap = max(counts)
+        cnt = torch.tensor(counts, device=dev)  # (E,)
+        ar = torch.arange(cap, device=dev)  # (cap,)
+        valid = ar.unsqueeze(0) < cnt.unsqueeze(1)  # (E, cap)
+        pos = (torch.cumsum(cnt, 0) - cnt).unsqueeze(1) + ar.unsqueeze(0)  # (E, cap) sorted row
+        pos = torch.where(valid, pos, torch.zeros_like(pos)).flatten()  # padding reads row 0 ...
+        m = valid.flatten().unsqueeze(1).to(xs.values.dtype)  # ... and is zeroed
+        xp = (xs.values.index_select(0, pos) * m).view(E, cap, -1)  # (E, cap, D)
+        ap = (xs.scale.index_select(0, pos).view(E, cap, 1) if xs.scale is not None else None)
+        gu, down = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H): batched fp32 products
+        y = gated_ffn(Operand(xp, ap), gu, down, self.hidden, self.act, self.eps, tr, et, self.stats,
+                      valid=valid)  # (E, cap, D)
+        return y[valid]  # (n*k, D) in sorted order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])  # (n, D)
+        n, k, E, tr = x2.shape[0], self.top_k, self.n_experts, self.training
+        logits = x2 @ self.router.weight.t()  # (n, E) fp32
+        p, top, w = route(logits, k)  # (n, E), (n, k), (n, k)
+        self.load.add(top)
+        et = self.experts.ternary
+        xin = prepare_input(x2, self.eps, tr, et)  # shared by every routed expert
+        out = torch.zeros_like(x2)
+        if self.n_shared:
+            st = self.shared.ternary
+            s_in = xin if st == et else prepare_input(x2, self.eps, tr, st)
+            s_gu, s_down = (w.parts(lambda t: t.unbind(0)) for w in self.shared.prepared(tr))
+            for s in range(self.n_shared):
+                out = out + gated_ffn(s_in, s_gu[s], s_down[s], self.shared_hidden, self.act, self.eps,
+                                      tr, st, self.shared_stats)
+        # dispatch: assignments sorted by expert (stable: token order kept inside an expert)
+        flat = top.flatten()  # (n*k,)
+        order = torch.sort(flat, stable=True).indices  # (n*k,)
+        tok = order // k  # token of each sorted assignment
+        counts = torch.bincount(flat, minlength=E).tolist()
+        xs = xin.map(lambda t: t.index_select(0, tok))  # (n*k, D) sorted by expert
+        if self.dispatch == "auto":  # CPU: the loop (measured faster at every balance); GPU: batched
+            padded = x2.is_cuda and max(counts) * E <= 1.5 * n * k  # unless padding adds > 50 % rows
+        else:
+            padded = self.dispatch == "padded"
+        if padded:
+            y_sorted = self._experts_padded(xs, counts, tr, et)
+        else:
+            y_sorted = self._experts_loop(xs, counts, tr, et)  # (n*k, D)
+        out = out + _combine(y_sorted, w, order)  # (n, D)
+        if tr:
+            f = torch.tensor(counts, dtype=p.dtype, device=p.device) / (n * k)  # (E,) share of assignments
+            self.aux = {"balance": E * (f * p.mean(0)).sum(),
+                        "z": torch.logsumexp(logits, dim=-1).square().mean()}
+        return out.view(shape)

@@ -1,0 +1,34 @@
+"""Shared test fixtures: the small model shapes several stages test against.
+
+Tests import the constants (``from conftest import SMALL``) where a shape is needed at
+collection time (parametrize, module-level fixtures), or take the fixtures of the same name.
+Shapes whose parameter / byte counts a test checks by hand (tests/core/test_config.py,
+tests/predict/test_roofline.py, tests/measure/test_sweep.py) stay next to those numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tern.core.config import ModelConfig
+
+# every feature at once, small enough for exact torch-vs-engine comparisons: SSM + attention
+# (window 8), a dense MLP layer and two MoE layers with a shared expert, odd sizes (97, 48)
+SMALL = ModelConfig(name="small", vocab_size=97, d_model=48, n_layers=3, attn_layers=(1,), n_heads=4,
+                    attn_window=8, d_state=8, mlp_hidden=40, moe_layers=(1, 2), n_experts=5, top_k=2,
+                    expert_hidden=24, n_shared=1, shared_hidden=20)
+
+# the training tests' model: MoE in every layer, a 32-token context, trains in well under a second
+TRAIN_TINY = ModelConfig(name="tiny", vocab_size=64, d_model=32, n_layers=2, attn_layers=(1,), n_heads=2,
+                         attn_window=8, d_state=4, mlp_hidden=0, moe_layers=(0, 1), n_experts=4, top_k=2,
+                         expert_hidden=16, n_shared=1, shared_hidden=16, max_seq_len=32)
+
+
+@pytest.fixture(scope="session")
+def small_cfg() -> ModelConfig:
+    return SMALL
+
+
+@pytest.fixture(scope="session")
+def train_tiny_cfg() -> ModelConfig:
+    return TRAIN_TINY

@@ -1,0 +1,62 @@
+"""HostProfile JSON round trip, validation and bandwidth interpolation."""
+
+import json
+
+import pytest
+
+from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile, KernelThroughput
+
+
+def make_profile():
+    pts = [BandwidthPoint("read", 1, ws, bw, bw, 3) for ws, bw in
+           [(4096, 200.0), (1 << 20, 100.0), (1 << 30, 25.0)]]
+    pts += [BandwidthPoint("read", 2, 4096, 400.0, 400.0, 3),
+            BandwidthPoint("read", 2, 1 << 30, 35.0, 35.0, 3)]
+    caches = (CacheLevel(1, "Data", 32768, 2, 1), CacheLevel(2, "Unified", 1 << 20, 2, 1),
+              CacheLevel(3, "Unified", 32 << 20, 1, 2))
+    return HostProfile("test", True, {"cpu": "x"}, caches, "/sys", tuple(pts),
+                       (KernelThroughput("fp32_matvec", 1, 1024, 1024, 50.0, 45.0, 90.0, 5),))
+
+
+def test_interpolation_log_linear():
+    p = make_profile()
+    assert p.bandwidth_at(4096) == 200.0
+    assert p.bandwidth_at(1) == 200.0  # clamped
+    assert p.bandwidth_at(1 << 40) == 25.0  # clamped
+    # halfway in log2 between 2^20 (100) and 2^30 (25): 2^25 -> 62.5
+    assert p.bandwidth_at(1 << 25) == pytest.approx(62.5)
+    assert p.bandwidth_at(1 << 30, threads=2) == 35.0
+    assert p.bandwidth_at(1 << 30, threads=8) == 35.0  # nearest measured thread count
+    assert p.llc_bytes == 32 << 20
+    assert p.kernel_gops("fp32_matvec") == 45.0 and p.kernel_gops("nope") is None
+
+
+def test_round_trip(tmp_path):
+    p = make_profile()
+    f = tmp_path / "h.json"
+    p.save(f)
+    assert HostProfile.load(f) == p
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda d: d.update(format="other"), "not a tern host profile"),
+    (lambda d: d.update(version=99), "version"),
+    (lambda d: d.pop("caches"), "malformed"),
+    (lambda d: d["bandwidth"][0].update(gbps_median=-1.0), "invalid bandwidth"),
+])
+def test_bad_profiles(tmp_path, mutate, msg):
+    d = make_profile().to_dict()
+    mutate(d)
+    f = tmp_path / "h.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=msg):
+        HostProfile.load(f)
+
+
+def test_missing_and_garbage(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        HostProfile.load(tmp_path / "nope.json")
+    f = tmp_path / "g.json"
+    f.write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        HostProfile.load(f)

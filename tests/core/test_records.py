@@ -1,0 +1,67 @@
+"""Records: summaries, JSONL append/read, atomic writes, metadata."""
+
+import json
+import os
+
+import pytest
+
+from tern.core.records import (
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_jsonl,
+    run_metadata,
+    summarize,
+)
+
+
+def test_summarize_hand_computed():
+    s = summarize([3.0, 1.0, 2.0, 10.0])
+    assert s["repeats"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0
+    assert s["spread_rel"] == pytest.approx(9 / 2.5)
+    assert summarize([5.0])["iqr"] == 0.0
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_jsonl_append_and_torn_line(tmp_path):
+    p = tmp_path / "r.jsonl"
+    append_jsonl(p, {"a": 1})
+    append_jsonl(p, [{"a": 2}, {"a": 3}])
+    assert [r["a"] for r in read_jsonl(p)] == [1, 2, 3]
+    with open(p, "a") as f:
+        f.write('{"a": 4')  # interrupted write
+    assert [r["a"] for r in read_jsonl(p)] == [1, 2, 3]
+    p.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(ValueError, match=":2:"):
+        read_jsonl(p)
+    assert read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_atomic_write_leaves_no_temp(tmp_path):
+    p = tmp_path / "sub" / "x.json"
+    atomic_write_json(p, {"k": [1, 2]})
+    assert json.loads(p.read_text()) == {"k": [1, 2]}
+    atomic_write_bytes(p, b"new")
+    assert p.read_bytes() == b"new"
+    assert os.listdir(p.parent) == ["x.json"]
+
+
+def test_atomic_write_failure_keeps_old(tmp_path, monkeypatch):
+    p = tmp_path / "x.bin"
+    p.write_bytes(b"old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_bytes(p, b"new")
+    assert p.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["x.bin"]
+
+
+def test_run_metadata_fields():
+    m = run_metadata(threads=2)
+    for k in ("host", "cpu", "threads", "versions", "git_commit", "timestamp"):
+        assert k in m
+    assert m["threads"] == 2 and "numpy" in m["versions"]

@@ -1,0 +1,343 @@
+"""Ternary matvec kernels and activation quantization against numpy references."""
+
+import numba
+import numpy as np
+import pytest
+
+from tern.kernels import kernels_ternary as K
+from tern.kernels import packing as P
+from tern.kernels import simd
+from tern.kernels.quant import quantize_act, quantize_act_checked
+from tern.probe.ternary_variants import VARIANTS, calibrate_kernels, get_variant
+
+
+def _host_isas_list():
+    order = ["avx2", "avx512bw", "avx512vnni"]
+    if simd.ROW_DOT_ISA == "none":
+        return []
+    return order[: order.index(simd.ROW_DOT_ISA) + 1]
+
+
+
+SHAPES = [(1, 1), (1, 300), (3, 5), (7, 64), (5, 255), (4, 256), (9, 257), (33, 700), (17, 1100), (64, 4096),
+          (5, 128), (9, 384), (6, 640)]  # the last three: a last segment of exactly 128 columns
+
+
+def _problem(rows, cols, seed, p_zero_act=0.0):
+    rng = np.random.default_rng(seed)
+    wt = rng.integers(-1, 2, size=(rows, cols)).astype(np.int8)  # (rows, cols)
+    xq = rng.integers(-127, 128, size=cols).astype(np.int8)  # (cols,)
+    xq[rng.random(cols) < p_zero_act] = 0
+    rs = (rng.random(rows) + 0.5).astype(np.float32)  # (rows,)
+    return wt, rs, xq, np.float32(0.0123)
+
+
+def _ref_quantize(x, eps=1e-5):
+    """docs/MODEL.md BitLinear activation quantizer in numpy float32."""
+    ms = np.float32((x.astype(np.float64) ** 2).mean())
+    u = x / np.sqrt(ms + np.float32(eps))  # (n,)
+    a = max(np.abs(u).max(), np.float32(1e-5))
+    q = np.clip(np.rint(u * np.float32(127.0) / a), -127, 127).astype(np.int8)
+    return q, np.float32(a / np.float32(127.0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 1000])
+def test_quantize_act_matches_numpy(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    q, s = quantize_act_checked(x)
+    q_ref, s_ref = _ref_quantize(x)
+    np.testing.assert_array_equal(q, q_ref)
+    assert s == s_ref
+    assert np.abs(q).max() == 127
+
+
+def test_quantize_act_rounds_half_to_even():
+    # eps chosen so that mean(x^2) + eps = 65536: rms = 256 and u*127/a = x/2 exactly.
+    x = np.array([254, 1, 3, 5, -3], dtype=np.float32)
+    q, s = quantize_act_checked(x, eps=65536.0 - 64560.0 / 5)
+    assert q.tolist() == [127, 0, 2, 2, -2]
+    assert s == np.float32(np.float32(254 / 256) / np.float32(127))
+    np.testing.assert_array_equal(q, _ref_quantize(x, eps=65536.0 - 64560.0 / 5)[0])
+
+
+def test_quantize_act_zero_input_and_njit_call():
+    q, s = quantize_act_checked(np.zeros(5, dtype=np.float32))
+    assert not q.any() and s == np.float32(np.float32(1e-5) / np.float32(127))
+    out = np.empty(3, dtype=np.int8)
+    s2 = quantize_act(np.array([1, -2, 0.5], dtype=np.float32), out)  # njit, default eps
+    np.testing.assert_array_equal(out, _ref_quantize(np.array([1, -2, 0.5], dtype=np.float32))[0])
+    assert s2 == _ref_quantize(np.array([1, -2, 0.5], dtype=np.float32))[1]
+
+
+def test_quantize_act_rejects_bad_input():
+    with pytest.raises(ValueError):
+        quantize_act_checked(np.zeros(3, dtype=np.float64))
+    with pytest.raises(ValueError, match="empty"):
+        quantize_act_checked(np.zeros(0, dtype=np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        quantize_act_checked(np.array([1.0, np.inf], dtype=np.float32))
+    with pytest.raises(ValueError, match="xq_out"):
+        quantize_act_checked(np.zeros(3, dtype=np.float32), np.zeros(4, dtype=np.int8))
+
+
+DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par,
+                 K.ternary_matvec_simd, K.ternary_matvec_simd_par, K.ternary_matvec_stream,
+                 K.ternary_matvec_stream_par, K.ternary_matvec_simd_stream, K.ternary_matvec_simd_stream_par]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kernel", DENSE_KERNELS, ids=lambda f: f.__name__)
+def test_dense_kernels_exact(kernel, shape):
+    wt, rs, xq, xs = _problem(*shape, seed=sum(shape))
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    out = np.full(shape[0], np.nan, dtype=np.float32)
+    kernel(P.pack_ternary2(wt), rs, xq, xs, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_extreme_sums_exact():
+    # all +1 weights against all +127 (and all -1 against -127): the largest sums.
+    cols = 1000
+    wt = np.ones((2, cols), dtype=np.int8)
+    wt[1] = -1
+    xq = np.full(cols, 127, dtype=np.int8)
+    rs = np.ones(2, dtype=np.float32)
+    out = np.empty(2, dtype=np.float32)
+    K.ternary_matvec(P.pack_ternary2(wt), rs, xq, np.float32(1), out)
+    assert out.tolist() == [127.0 * cols, -127.0 * cols]
+
+
+SKIP_KERNELS = [K.ternary_matvec_skip, K.ternary_matvec_skip_par, K.ternary_matvec_skip_plain]
+if K.DEFAULT_VARIANT == "simd":
+    SKIP_KERNELS += [K.ternary_matvec_skip_simd, K.ternary_matvec_skip_simd_par]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (300, 7), (257, 40), (1000, 96), (64, 13), (255, 9),
+                                   (600, 70), (513, 33)])
+@pytest.mark.parametrize("p_zero", [0.0, 0.7, 1.0])
+@pytest.mark.parametrize("kernel", SKIP_KERNELS, ids=lambda f: f.__name__)
+def test_skip_kernel_equals_dense(kernel, shape, p_zero):
+    rows, cols = shape
+    wt, rs, xq, xs = _problem(rows, cols, seed=rows + cols, p_zero_act=p_zero)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))  # (cols, row_bytes(rows))
+    out = np.full(rows, np.nan, dtype=np.float32)
+    kernel(packed_t, rs, xq, xs, out)
+    dense = np.empty(rows, dtype=np.float32)
+    K.ternary_matvec(P.pack_ternary2(wt), rs, xq, xs, dense)
+    np.testing.assert_allclose(out, dense, rtol=1e-6)
+    np.testing.assert_allclose(out, K.reference_matvec(wt, rs, xq, xs), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", SKIP_KERNELS, ids=lambda f: f.__name__)
+def test_skip_kernel_ignores_weights_of_zero_inputs(kernel):
+    wt, rs, xq, xs = _problem(300, 50, seed=5, p_zero_act=0.5)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+    garbage = packed_t.copy()
+    garbage[xq == 0] = 0xFF  # invalid codes where the input is zero: never read
+    a, b = np.empty(300, np.float32), np.empty(300, np.float32)
+    kernel(packed_t, rs, xq, xs, a)
+    kernel(garbage, rs, xq, xs, b)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", _host_isas_list() or ["none"])
+@pytest.mark.parametrize("width", [32, 64])
+def test_skip_chunk_every_isa_path(isa, width):
+    if isa == "none":
+        pytest.skip("no x86 SIMD path on this CPU")
+    chunk = simd._make_skip_chunk(isa, width)
+
+    @numba.njit
+    def run(packed_t, idx, qq, g0, g1, off, nvalid, acc):
+        chunk(packed_t, idx, qq, g0, g1, off, nvalid, acc)
+
+    rng = np.random.default_rng(width)
+    for outs, nvalid, off in [(256, width, 0), (600, width, 64), (600, 22, 128), (70, 18, 0)]:
+        wt = rng.integers(-1, 2, size=(outs, 11)).astype(np.int8)  # W (outs, 11 inputs)
+        packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))  # (11, row_bytes(outs))
+        idx = np.array([3, 0, 7, 10, 5, 5, 1, 2], dtype=np.int64)
+        qb = rng.integers(-127, 128, size=8).astype(np.int8)
+        acc = rng.integers(-1000, 1000, size=4 * width).astype(np.int32)
+        expect = acc.astype(np.int64).copy()
+        codes = P.unpack_ternary2(packed_t, outs).astype(np.int64) + 1  # (11, outs) codes
+        g = min(64, packed_t.shape[1] - off)  # bytes of this segment (off is a segment start + h)
+        seg0 = (off // 64) * 64
+        gseg = min(64, packed_t.shape[1] - seg0)
+        for k in range(4):
+            for j in range(nvalid):
+                slot = 4 * seg0 + gseg * k + (off - seg0) + j
+                if slot < outs:
+                    expect[k * width + j] += sum(codes[idx[t], slot] * int(qb[t]) for t in range(8))
+        run(packed_t, idx, qb.view(np.int32), 0, 2, off, nvalid, acc)
+        valid = [k * width + j for k in range(4) for j in range(nvalid)
+                 if 4 * seg0 + gseg * k + (off - seg0) + j < outs]
+        assert g > 0
+        np.testing.assert_array_equal(acc[valid], expect[valid])
+
+
+def test_threads_1_vs_2_identical():
+    wt, rs, xq, xs = _problem(333, 1500, seed=9)
+    packed = P.pack_ternary2(wt)
+    outs = []
+    old = numba.get_num_threads()
+    try:
+        for t in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(t)
+            o = np.empty(333, dtype=np.float32)
+            K.ternary_matvec_par(packed, rs, xq, xs, o)
+            outs.append(o)
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_checked_wrapper_rejects_bad_args():
+    wt, rs, xq, xs = _problem(4, 10, seed=1)
+    packed = P.pack_ternary2(wt)
+    out = np.empty(4, dtype=np.float32)
+    K.check_matvec_args(packed, rs, xq, xs, out)  # fine
+    with pytest.raises(ValueError, match="bytes"):
+        K.check_matvec_args(packed, rs, np.zeros(20, np.int8), xs, out)
+    with pytest.raises(ValueError, match="out"):
+        K.check_matvec_args(packed, rs, xq, xs, np.empty(5, np.float32))
+    with pytest.raises(ValueError, match="row_scale"):
+        K.check_matvec_args(packed, rs[:3].copy(), xq, xs, out)
+    with pytest.raises(ValueError, match="xq"):
+        K.check_matvec_args(packed, rs, xq.astype(np.int16), xs, out)
+    with pytest.raises(ValueError, match="-128"):
+        K.check_matvec_args(packed, rs, np.full(10, -128, np.int8), xs, out)
+    with pytest.raises(ValueError, match="finite"):
+        K.check_matvec_args(packed, np.full(4, np.nan, np.float32), xq, xs, out)
+    packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+    K.check_matvec_args(packed_t, rs, xq, xs, out, transposed=True)
+    with pytest.raises(ValueError, match="packed_t"):
+        K.check_matvec_args(packed, rs, xq, xs, out, transposed=True)
+
+
+# ---- every variant of tern.probe.ternary_variants, and every ISA path of tern.kernels.simd ----
+
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_exact(name, shape):
+    v = get_variant(name)
+    wt, rs, xq, xs = _problem(*shape, seed=3 * sum(shape))
+    layout = v.prepare(P.pack_ternary2(wt), shape[1])
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for f in (v.matvec, v.matvec_par):
+        out = np.full(shape[0], np.nan, dtype=np.float32)
+        f(layout, rs, xq, xs, out)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_variant_extreme_values_exact():
+    # -127 activations everywhere with all-(-1) rows: int32 sums near the largest magnitude
+    cols = 3000
+    wt = np.stack([np.full(cols, -1, np.int8), np.full(cols, 1, np.int8), np.zeros(cols, np.int8)])
+    xq = np.full(cols, -127, dtype=np.int8)
+    rs = np.ones(3, dtype=np.float32)
+    for v in VARIANTS.values():
+        out = np.empty(3, dtype=np.float32)
+        v.matvec(v.prepare(P.pack_ternary2(wt), cols), rs, xq, np.float32(1), out)
+        assert out.tolist() == [127.0 * cols, -127.0 * cols, 0.0], v.name
+
+
+@pytest.mark.parametrize("isa", _host_isas_list() or ["none"])
+def test_row_dot_every_isa_path(isa):
+    if isa == "none":
+        pytest.skip("no x86 SIMD path on this CPU")
+    row_dot = simd._make_row_dot(isa)
+    rows2_dot = simd._make_row_dot(isa, 2)
+    rows4_dot = simd._make_row_dot(isa, 4)
+
+    @numba.njit
+    def dots(packed, xq, out1, out2, out4):
+        nfull = xq.shape[0] // 256
+        gtail = packed.shape[1] - 64 * nfull
+        for r in range(packed.shape[0]):
+            out1[r] = row_dot(packed, r, xq, nfull, gtail)
+        for r in range(0, packed.shape[0] - 1, 2):
+            s = rows2_dot(packed, r, xq, nfull, gtail)
+            out2[r], out2[r + 1] = s[0], s[1]
+        for r in range(0, packed.shape[0] - 3, 4):
+            s = rows4_dot(packed, r, xq, nfull, gtail)
+            for i in range(4):
+                out4[r + i] = s[i]
+
+    for rows, cols in [(4, 1), (4, 63), (8, 64), (5, 255), (4, 256), (7, 257), (2, 511), (6, 1100), (4, 128), (5, 384),
+                       (8, 640)]:  # 128 / 384 / 640: the unmasked 128-column last segment
+        wt, _, xq, _ = _problem(rows, cols, seed=rows * cols)
+        outs = [np.zeros(rows, dtype=np.int64) for _ in range(3)]
+        dots(P.pack_ternary2(wt), xq, *outs)
+        ref = (wt.astype(np.int64) + 1) @ xq.astype(np.int64)
+        np.testing.assert_array_equal(outs[0], ref)
+        np.testing.assert_array_equal(outs[1][: rows // 2 * 2], ref[: rows // 2 * 2])
+        np.testing.assert_array_equal(outs[2][: rows // 4 * 4], ref[: rows // 4 * 4])
+
+
+def test_calibrate_kernels_reports_every_variant():
+    res = calibrate_kernels(rows=64, cols=512, repeats=2, min_time_s=0.001)
+    assert set(res["gops_per_s"]) == set(VARIANTS)
+    assert all(g > 0 for g in res["gops_per_s"].values())
+    assert res["fastest"] in VARIANTS and res["default"] == K.DEFAULT_VARIANT
+    with pytest.raises(ValueError, match="unknown ternary variant"):
+        get_variant("nope")
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (65, 300), (130, 1000)])
+def test_lut_plain_and_blocked_layout(shape):
+    from tern.kernels import kernels_lut as L
+
+    wt, rs, xq, xs = _problem(*shape, seed=7 * sum(shape))
+    packed = P.pack_ternary2(wt)
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for f in (L.ternary_matvec_lut_plain, L.ternary_matvec_lut_plain_par):
+        out = np.empty(shape[0], dtype=np.float32)
+        f(L.to_lut81(packed, shape[1]), rs, xq, xs, out)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)
+    blocked = L.to_lut81_blocked(packed, shape[1])  # (blocks, groups, 64)
+    assert blocked.shape == (-(-shape[0] // 64), -(-shape[1] // 4), 64)
+    np.testing.assert_array_equal(blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[: shape[0]],
+                                  L.to_lut81(packed, shape[1]))
+    assert (blocked.transpose(0, 2, 1).reshape(-1, blocked.shape[1])[shape[0]:] == L.CODE_ZERO4).all()
+
+
+def test_ternary_matvec_checked():
+    wt, rs, xq, xs = _problem(37, 300, seed=11, p_zero_act=0.5)
+    ref = K.reference_matvec(wt, rs, xq, xs)
+    for threads in (1, 2):
+        np.testing.assert_allclose(K.ternary_matvec_checked(P.pack_ternary2(wt), rs, xq, xs, threads=threads),
+                                   ref, rtol=1e-6)
+        packed_t = P.pack_ternary2(np.ascontiguousarray(wt.T))
+        np.testing.assert_allclose(K.ternary_matvec_checked(packed_t, rs, xq, xs, transposed=True,
+                                                            threads=threads), ref, rtol=1e-6)
+    with pytest.raises(ValueError, match="bytes"):
+        K.ternary_matvec_checked(P.pack_ternary2(wt), rs, xq[:200].copy(), xs)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        K.ternary_matvec_checked(P.pack_ternary2(wt), rs, np.repeat(xq, 2)[::2], xs)
+
+
+def test_cache_guard_drops_entries_when_a_dependency_changes(tmp_path):
+    from types import SimpleNamespace
+
+    from tern.kernels.cache_guard import drop_stale_cache
+
+    mod, dep, cache = tmp_path / "mod.py", tmp_path / "dep.py", tmp_path / "__pycache__"
+    mod.write_text("x = 1\n")
+    dep.write_text("a = 1\n")
+    cache.mkdir()
+    fn = SimpleNamespace(_cache=SimpleNamespace(_cache_path=str(cache)))
+    entry = cache / "mod.f-1.py311.nbi"
+    entry.write_text("old")
+    assert drop_stale_cache(str(mod), ("dep.py",), fn) and not entry.exists()  # no marker yet
+    entry.write_text("new")
+    assert not drop_stale_cache(str(mod), ("dep.py",), fn) and entry.exists()  # same deps: kept
+    dep.write_text("a = 2\n")
+    assert drop_stale_cache(str(mod), ("dep.py",), fn) and not entry.exists()  # changed: dropped
+    other = cache / "other.f-1.py311.nbi"  # another module's entries are never touched
+    other.write_text("x")
+    dep.write_text("a = 3\n")
+    drop_stale_cache(str(mod), ("dep.py",), fn)
+    assert other.exists()

@@ -1,0 +1,176 @@
+"""Sweeps: families, resumable records, the worker measuring a real tiny model."""
+
+import json
+
+import pytest
+
+from tern.core.config import ModelConfig, param_counts
+from tern.core.records import read_jsonl
+from tern.measure.sweep import (
+    BUDGETS,
+    SweepPoint,
+    accuracy,
+    experts_for_total_bytes,
+    fixed_active_family,
+    fixed_total_family,
+    run_sweep,
+)
+from tern.predict.roofline import synthetic_profile
+
+TINY = ModelConfig(name="tiny-sweep", vocab_size=64, d_model=32, n_layers=2, attn_layers=(1,),
+                   n_heads=2, d_state=4, mlp_hidden=0, moe_layers=(0, 1), n_experts=2, top_k=1,
+                   expert_hidden=32, router_format="int8")
+
+
+def host():
+    return synthetic_profile(llc_bytes=1 << 20, cache_gbps=100.0, dram_gbps=20.0)
+
+
+def test_fixed_active_family_grows_total_not_active():
+    fam = fixed_active_family("30m", max_total_bytes=1e9)
+    totals = [param_counts(c).total.bytes for c in fam]
+    actives = [param_counts(c).active.params for c in fam]
+    assert totals == sorted(totals) and totals[-1] > 0.8e9
+    assert max(actives) / min(actives) < 1.05  # routers add a little
+    base = BUDGETS["4m"]
+    e = experts_for_total_bytes(base, 1e8)
+    assert abs(param_counts(base.replace(n_experts=e)).total.bytes - 1e8) < 0.02e8
+
+
+def test_fixed_total_family_grows_active():
+    fam = fixed_total_family("4m", n_experts=16, top_ks=(1, 2, 4, 32))
+    assert [c.top_k for c in fam] == [1, 2, 4]
+    assert len({param_counts(c).total.params for c in fam}) == 1
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="unknown sweep budget"):
+        fixed_active_family("7b")
+    with pytest.raises(ValueError, match="threads"):
+        SweepPoint("fixed_active", "x", TINY, threads=0)
+
+
+def test_resume_skips_finished_points(tmp_path):
+    calls = []
+
+    def fake_measure(path, point):
+        calls.append(point.key)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return {"tok_per_s": 100.0, "tok_per_s_min": 90.0, "tok_per_s_max": 110.0, "repeats": 3,
+                "peak_rss_bytes": 1}
+
+    pts = [SweepPoint("fixed_active", "t", TINY.replace(n_experts=e, name=f"t{e}"), 1, tokens=4)
+           for e in (2, 4)]
+    rec = tmp_path / "rec.jsonl"
+    with pytest.raises(RuntimeError):
+        run_sweep(pts, rec, tmp_path / "m", host(), measure=fake_measure, progress=False)
+    assert len(read_jsonl(rec)) == 1
+    calls.clear()
+    rows = run_sweep(pts, rec, tmp_path / "m", host(),
+                     measure=lambda p, q: {"tok_per_s": 50.0, "repeats": 3}, progress=False)
+    assert [r["reused"] for r in rows] == [True, False]
+    assert len(read_jsonl(rec)) == 2
+    assert rows[1]["ratio"] == pytest.approx(50.0 / rows[1]["predicted_tok_per_s"])
+    acc = accuracy(rows)
+    assert acc["n"] == 2
+
+
+@pytest.mark.slow
+def test_real_worker_on_tiny_model(tmp_path):
+    pts = [SweepPoint("fixed_active", "t", TINY, 1, tokens=8, repeats=3, warmup=2)]
+    rows = run_sweep(pts, tmp_path / "rec.jsonl", tmp_path / "m", host(), progress=False)
+    r = rows[0]
+    assert r["tok_per_s"] > 0 and r["repeats"] == 3 and r["peak_rss_bytes"] > 1e6
+    assert r["tok_per_s_min"] <= r["tok_per_s"] <= r["tok_per_s_max"]
+    assert json.loads(json.dumps(r))["name"] == "tiny-sweep"
+
+
+def _fake_rows():
+    out = []
+    for fam, budget, cfgs in (("fixed_active", "4m", fixed_active_family("4m", 5e7)),
+                              ("fixed_total", "4m", fixed_total_family("4m", 8, (1, 2)))):
+        for t in (1, 2):
+            for c in cfgs:
+                pc = param_counts(c)
+                out.append({"family": fam, "budget": budget, "threads": t, "config": c.to_dict(),
+                            "total_bytes": pc.total.bytes, "active_bytes": pc.active.bytes,
+                            "active_params": pc.active.params, "tok_per_s": 1000.0,
+                            "tok_per_s_min": 900.0, "tok_per_s_max": 1100.0,
+                            "predicted_tok_per_s": 1200.0, "ratio": 1000 / 1200})
+    return out
+
+
+def test_sweep_plots():
+    from tern.measure.plots import plot_fixed_active, plot_fixed_total, plot_ratios
+
+    rows = _fake_rows()
+    fig = plot_fixed_active(rows, host())
+    assert len(fig.axes) == 2 and fig.axes[0].get_xscale() == "log"
+    assert "tok/s" in fig.axes[0].get_ylabel()
+    assert plot_fixed_total(rows).axes[0].get_xlabel().startswith("active bytes")
+    assert len(plot_ratios(rows).axes[0].lines) >= 4
+    with pytest.raises(ValueError):
+        plot_fixed_active([], host())
+
+
+def test_pick_10b_and_roof_table():
+    from tern.predict.hosts import load_reference_profile
+    from tern.predict.toward_10b import TEN_B_SPACE, pick_10b, roof_table, scaled_down
+
+    ref = load_reference_profile()
+    c, t, ok = pick_10b(ref, 100.0, threads=(1, 6))
+    assert ok and 9e9 <= c.total_params <= 11e9 and c.tok_per_s >= 110.0 and t in (1, 6)
+    c1, _, _ = pick_10b(ref, 100.0, threads=1)
+    assert c.active_params >= c1.active_params  # more threads never shrink the budget
+    rows = roof_table(c.config, {"ref": ref}, {"ref": [1, 6]})
+    assert [r["threads"] for r in rows] == [1, 6] and rows[0]["streamed_bound"] in ("L3", "DRAM")
+    small = scaled_down(c.config, 64)
+    assert small.n_experts == max(c.config.top_k, c.config.n_experts // 64)
+    slow = synthetic_profile(llc_bytes=1 << 20, cache_gbps=10.0, dram_gbps=1.0)
+    c_slow, _, ok = pick_10b(slow, 100.0, space=TEN_B_SPACE)
+    assert not ok and c_slow.tok_per_s < 110.0
+
+
+def test_calibrate_with_fake_measurements(tmp_path, monkeypatch):
+    import tern.measure.sweep as sw
+    from tern.predict.roofline import predict
+
+    h = host()
+    monkeypatch.setattr(sw, "ensure_model", lambda cfg, d: tmp_path / "m.tern")
+    tiny, dram = sw.calibration_points(1)
+    p_dram = predict(dram.config, h, threads=1)
+    mem_s = p_dram.resident.memory_s + p_dram.streamed.memory_s
+    true_over, true_eff = 20e-6, 0.8
+
+    def fake(path, point):
+        if point.budget == "tiny":
+            return {"tok_per_s": 1.0 / (predict(point.config, h).s_per_token + true_over)}
+        return {"tok_per_s": 1.0 / (mem_s / true_eff + true_over)}
+
+    cal_host, cal = sw.calibrate(h, tmp_path, threads=(1, 2), measure=fake)
+    assert cal["per_token_overhead_s"] == pytest.approx(true_over, rel=1e-6)
+    assert cal["bandwidth_efficiency"] == pytest.approx(true_eff, rel=1e-6)
+    assert "per_token_overhead_s_t2" in cal_host.calibration
+    # the calibrated prediction of the DRAM point now matches the fake measurement
+    assert predict(dram.config, cal_host).tok_per_s == pytest.approx(fake(None, dram)["tok_per_s"], rel=0.02)
+
+
+def test_pair_summary_and_table():
+    from tern.measure.sweep import pair_summary, render_rows
+
+    rows = [{"family": "preset", "budget": b, "threads": 1, "tok_per_s": v, "predicted_tok_per_s": 100.0,
+             "total_params": n, "name": b, "total_bytes": 1e6, "active_bytes": 1e5, "ratio": v / 100,
+             "predicted_bound": "DRAM", "peak_rss_bytes": 2**20}
+            for b, v, n in (("105m", 100.0, 105e6), ("206m", 98.0, 206e6))]
+    s = pair_summary(rows)
+    assert s[0]["measured_ratio"] == pytest.approx(0.98)
+    assert "206m" in render_rows(rows)
+
+
+def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
+    from tern.cli import main
+
+    assert main(["bench", "sweep", "--quick", "--threads", "0", "--results", str(tmp_path)]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "host_profile.json").exists()

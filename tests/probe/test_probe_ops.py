@@ -1,0 +1,125 @@
+"""Engine op costs (tern.probe.ops): the fit, the timing of each op, the profile field."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tern.core.host_profile import HostProfile, OpCost, op_cost_for
+from tern.probe import ops as po
+from tern.probe.timing import TimingConfig
+
+FAST = TimingConfig(min_time_s=0.002, repeats=1, warmup_s=0.0)
+
+
+def _samples(op, call, row, unit, shapes, threads=1):
+    return [po.OpSample(op, threads, r, u, call + row * r + unit * u) for r, u in shapes]
+
+
+def test_fit_recovers_known_costs():
+    shapes = [(32, 8192), (256, 65536), (1024, 262144), (64, 65536), (512, 524288)]
+    c = po.fit_cost(_samples("ternary_matvec", 1e-7, 3e-9, 7e-12, shapes))
+    assert c.op == "ternary_matvec" and c.threads == 1 and c.samples == 5
+    assert c.call_s == pytest.approx(1e-7, rel=1e-6)
+    assert c.row_s == pytest.approx(3e-9, rel=1e-6)
+    assert c.unit_s == pytest.approx(7e-12, rel=1e-6)
+    assert c.max_rel_err < 1e-9
+
+
+def test_fit_recovers_the_partial_segment_cost():
+    shapes = [(32, 8192, 0), (256, 65536, 0), (1024, 262144, 0), (512, 196608, 512), (1536, 589824, 1536),
+              (256, 163840, 256)]
+    samples = [po.OpSample("ternary_matvec", 1, r, u, 1e-7 + 2e-9 * r + 6e-12 * u + 3e-9 * t, t)
+               for r, u, t in shapes]
+    c = po.fit_cost(samples)
+    assert c.tail_s == pytest.approx(3e-9, rel=1e-6) and c.row_s == pytest.approx(2e-9, rel=1e-6)
+    assert c.seconds(1, 100, 1000, 100) == pytest.approx(1e-7 + 2e-7 + 6e-9 + 3e-7)
+    # time_op counts the tail rows of a shape with a partial last segment, and only those
+    assert po.time_op("ternary_matvec", (8, 384), timing=FAST).tails == 8
+    assert po.time_op("ternary_matvec", (8, 512), timing=FAST).tails == 0
+
+
+def test_fit_without_rows_and_non_negative():
+    c = po.fit_cost(_samples("vector", 5e-8, 0.0, 2e-9, [(0, 128), (0, 512), (0, 2048)]))
+    assert c.row_s == 0.0 and c.unit_s == pytest.approx(2e-9) and c.call_s == pytest.approx(5e-8)
+    # data that a negative call cost would fit best: the fit clamps it at zero
+    c = po.fit_cost([po.OpSample("vector", 1, 0, 100.0, 1e-7), po.OpSample("vector", 1, 0, 200.0, 3e-7)])
+    assert c.call_s >= 0 and c.unit_s > 0
+
+
+def test_fit_rejects_mixed_or_empty_samples():
+    with pytest.raises(ValueError):
+        po.fit_cost([])
+    a = _samples("vector", 1e-8, 0, 1e-9, [(0, 10)])
+    b = _samples("ssm_scan", 1e-8, 0, 1e-9, [(0, 10)])
+    with pytest.raises(ValueError):
+        po.fit_cost(a + b)
+
+
+def test_nnls_matches_lstsq_when_positive():
+    A = np.array([[1.0, 2.0], [1.0, 3.0], [1.0, 5.0]])
+    b = A @ np.array([0.5, 2.0])
+    assert po.nnls(A, b) == pytest.approx([0.5, 2.0])
+
+
+@pytest.mark.parametrize("op", po.OPS)
+def test_time_op_runs_every_op(op):
+    shape = po.op_shapes(op, quick=True)[0]
+    s = po.time_op(op, shape, timing=FAST)
+    assert s.op == op and s.seconds > 0 and s.units > 0
+
+
+def test_time_op_parallel_matvec():
+    s = po.time_op("ternary_matvec", po.op_shapes("ternary_matvec", threads=2, quick=True)[0], threads=2,
+                   timing=FAST)
+    assert s.threads == 2 and s.seconds > 0
+
+
+def test_unknown_op():
+    with pytest.raises(ValueError, match="unknown op"):
+        po.op_shapes("nope")
+    with pytest.raises(ValueError, match="unknown op"):
+        po.time_op("nope", (1, 1))
+
+
+def test_op_cost_for_prefers_threads_at_or_below():
+    costs = [OpCost("ternary_matvec", t, 0, 0, 1e-12 / t, 3, 0.0) for t in (1, 2, 4)]
+    assert op_cost_for(costs, "ternary_matvec", 3).threads == 2
+    assert op_cost_for(costs, "ternary_matvec", 1).threads == 1
+    assert op_cost_for(costs, "ssm_scan", 1) is None
+
+
+def test_measure_op_costs_fits_every_op(monkeypatch):
+    calls = []
+
+    def fake_time(op, shape, threads=1, timing=None, seed=0):
+        calls.append((op, threads))
+        return po.OpSample(op, threads, shape[0] if op != "vector" else 0, float(np.prod(shape)), 1e-6)
+
+    monkeypatch.setattr(po, "time_op", fake_time)
+    costs = po.measure_op_costs((1, 2), quick=True, progress=False)
+    assert {(c.op, c.threads) for c in costs} == {(op, 1) for op in po.OPS} | {(op, 2) for op in po.MATVEC_OPS}
+    assert all(c.call_s >= 0 and c.row_s >= 0 and c.unit_s >= 0 for c in costs)
+    assert "ternary_matvec" in po.render_costs(costs)
+
+
+def test_profile_round_trip_with_op_costs(tmp_path):
+    ref = HostProfile("t", True, {}, (), "default", ())
+    prof = dataclasses.replace(ref, op_costs=(OpCost("ssm_scan", 1, 1e-7, 2e-9, 3e-10, 5, 0.1),))
+    prof.save(tmp_path / "p.json")
+    back = HostProfile.load(tmp_path / "p.json")
+    assert back.op_costs == prof.op_costs
+    assert back.op_costs[0].seconds(1, 10, 100) == pytest.approx(1e-7 + 2e-8 + 3e-8)
+
+
+@pytest.mark.parametrize("field, value", [("unit_s", float("nan")), ("call_s", -1e-9), ("threads", 0),
+                                          ("tail_s", -1e-9), ("tail_s", float("inf"))])
+def test_bad_op_cost_in_a_profile_is_a_clear_error(tmp_path, field, value):
+    prof = dataclasses.replace(HostProfile("t", True, {}, (), "default", ()),
+                               op_costs=(OpCost("ssm_scan", 1, 1e-7, 2e-9, 3e-10, 5, 0.1),))
+    d = prof.to_dict()
+    d["op_costs"][0][field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(__import__("json").dumps(d))
+    with pytest.raises(ValueError, match="op cost 'ssm_scan'"):
+        HostProfile.load(path)
