@@ -1,7 +1,7 @@
 """The shipped corpus: documents, their fixed train/validation split, and shingles.
 
-Files (all under :func:`data_dir`, ``data/`` of the checkout unless ``TERN_DATA_DIR`` is
-set):
+Files (all under :func:`data_dir`: ``data/`` of the checkout, or of the installed package
+data, unless ``TERN_DATA_DIR`` is set):
 
     corpus/corpus.jsonl.xz   one JSON object per line: {"id", "source", "title", "group", "text"}
     corpus/manifest.json     format/version, sha256 of the compressed file and of its
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tern.core.paths import shipped_dir
 from tern.core.records import atomic_write_bytes, atomic_write_json
 
 CORPUS_FORMAT = "tern-corpus"
@@ -43,13 +44,17 @@ XZ_PRESET = 9 | lzma.PRESET_EXTREME  # what `xz -9e` uses
 
 def data_dir(path: str | os.PathLike | None = None) -> Path:
     """The data folder: ``path`` if given, else ``$TERN_DATA_DIR``, else ``data/`` of the
-    checkout this package was imported from."""
+    checkout this package was imported from, else the copy a wheel / sdist install carries
+    as package data (tern.core.paths.shipped_dir). FileNotFoundError names where it looked."""
     if path is not None:
         return Path(path)
     env = os.environ.get("TERN_DATA_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "data"
+    try:
+        return shipped_dir("data")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}; TERN_DATA_DIR is not set") from None
 
 
 def sha256_bytes(data: bytes) -> str:

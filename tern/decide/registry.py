@@ -112,11 +112,11 @@ def show_gate(registry: str | Path, name: str) -> dict[str, Any]:
 
 
 def shipped_gates() -> list[Path]:
-    """The gate files shipped in ``gates/`` of the checkout, in order."""
-    from tern.core.paths import repo_root
+    """The gate files shipped in ``gates/`` (the checkout's, else the installed package
+    data's: tern.core.paths.shipped_dir), in order."""
+    from tern.core.paths import shipped_dir
 
-    root = repo_root()
-    d = root / "gates" if root else Path.cwd() / "gates"
+    d = shipped_dir("gates")
     files = sorted(d.glob("*.toml"))
     if not files:
         raise ValueError(f"no gate files in {d}")
@@ -124,12 +124,13 @@ def shipped_gates() -> list[Path]:
 
 
 def shipped_registry() -> Path:
-    """``gates/registry.jsonl`` of the checkout: the records of the shipped gates as run on
-    the machine named in each record (a copy of a finished run's registry, committed)."""
-    from tern.core.paths import repo_root
+    """``gates/registry.jsonl`` as shipped (the checkout's, else the installed package
+    data's): the records of the shipped gates as run on the machine named in each record (a
+    copy of a finished run's registry, committed). The path may not exist."""
+    from tern.core.paths import shipped_candidates
 
-    root = repo_root()
-    return (root / "gates" if root else Path.cwd() / "gates") / "registry.jsonl"
+    places = [p for p in shipped_candidates("gates") if p.is_dir()] or shipped_candidates("gates")
+    return places[0] / "registry.jsonl"
 
 
 def registry_to_show(results_registry: str | Path, ran_here: bool) -> Path:
