@@ -11,11 +11,14 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import zlib
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -24,11 +27,76 @@ from typing import Any
 # ---- atomic writes ----------------------------------------------------------------------
 
 
+STALE_TEMP_S = 3600.0  # a temp file untouched this long is an interrupted write, whoever wrote it
+
+# temp names: .<target>.tern-<host tag>-<pid>.<8 random chars>.tmp (this tern), and
+# .<target>.<8 random chars>.tmp (older tern versions and tempfile.mkstemp writers)
+_TEMP_RE = re.compile(r"^\..+\.tern-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$")
+_OLD_TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')):08x}"
+
+
+def temp_prefix(path: str | os.PathLike) -> str:
+    """The ``tempfile.mkstemp`` prefix of an atomic write of ``path``: it names this host and
+    process, so :func:`clean_stale_temps` can tell an interrupted write from a live one."""
+    return f".{Path(path).name}.tern-{_host_tag()}-{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) is not a probe on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
+def clean_stale_temps(folder: str | os.PathLike, max_age_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove the temp files that interrupted atomic writes (a SIGKILL, a power cut) left in
+    ``folder``; returns the removed paths. A temp file is stale when the process named in
+    its name (:func:`temp_prefix`) is no longer running on this host, or when it has not
+    been modified for ``max_age_s`` seconds (temps of other hosts and of older tern
+    versions: by age only). A live writer keeps its temp: its process exists and each
+    write refreshes the modification time. Never raises: a file that cannot be removed
+    or examined is left alone."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now, host = time.time(), _host_tag()
+    for e in entries:
+        m = _TEMP_RE.match(e.name)
+        if m is None and not _OLD_TEMP_RE.match(e.name):
+            continue
+        try:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            stale = now - e.stat(follow_symlinks=False).st_mtime > max_age_s
+            if not stale and m is not None and m["host"] == host:
+                stale = int(m["pid"]) != os.getpid() and not _pid_alive(int(m["pid"]))
+            if stale:
+                os.unlink(e.path)
+                removed.append(Path(e.path))
+        except OSError:
+            continue
+    return removed
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename.
+    Stale temp files of earlier interrupted writes in that folder are removed first
+    (:func:`clean_stale_temps`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    clean_stale_temps(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
