@@ -14,6 +14,7 @@ _EXPORTS = {
     "list_gates": "registry",
     "load_gate": "spec",
     "plan": "harness",
+    "plan_gate": "planning",
     "plot_registry": "plots",
     "read_registry": "registry",
     "registry_report": "registry",

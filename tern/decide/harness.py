@@ -44,6 +44,7 @@ from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
 from tern.core.records import append_jsonl, run_metadata
+from tern.decide.power import DEFAULT_POWER, mde, seeds_needed, target_effect
 from tern.decide.registry import (
     REGISTRY_SCHEMA,
     _jsonable,
@@ -257,11 +258,21 @@ def verdict_record(spec: GateSpec, run_rows: list[dict[str, Any]]) -> dict[str, 
     for r in run_rows:
         if r["role"] == "arm":
             by_arm.setdefault(r["arm"], {})[r["seed"]] = float(r["metrics"][spec.metric])
-            tokens.setdefault(r["arm"], {})[r["seed"]] = r["metrics"].get("train_tokens")
+            t = r["metrics"].get("train_tokens")
+            # a per-parameter budget: arms differ by design; each run must match its own plan
+            if spec.per_param:
+                t = "as planned" if t == spec.arm_tokens(r["arm"]) else f"{r['arm']}: {t}"
+            tokens.setdefault(r["arm"], {})[r["seed"]] = t
+    p = spec.plan.get("power", DEFAULT_POWER)
     comps = []
     for b, a in spec.comparisons:
         c = compare(spec.rule, by_arm.get(a, {}), by_arm.get(b, {}), tokens.get(a, {}), tokens.get(b, {}))
-        comps.append({"b": b, "a": a, **c})
+        sd = c["sd_delta"]
+        target, basis = target_effect(spec.rule.kind, spec.rule.margin, spec.plan.get("effect"), None,
+                                      c["mean_delta"])
+        comps.append({"b": b, "a": a, **c, "mde": mde(spec.rule.k_sigma, c["se_delta"], p),
+                      "power": p, "target_effect": target, "target_basis": basis,
+                      "seeds_needed": seeds_needed(spec.rule.k_sigma, sd, target, p) if target else None})
     expected = len(spec.seeds) * len(spec.arms)
     have = sum(len(v) for v in by_arm.values())
     return {"record": "gate_verdict", "schema": REGISTRY_SCHEMA, "gate": spec.name,
@@ -284,10 +295,9 @@ def plan(spec: GateSpec, registry: str | Path, make_train: Callable[[dict], Any]
     runs = plan_runs(spec, make_train)
     done = finished_runs(read_registry(registry), spec.hash)
     rr = [{"arm": r.arm, "seed": r.seed, "done": (r.arm, r.seed, r.config_hash) in done} for r in runs]
-    n_arm_runs = len(spec.seeds) * len(spec.arms)
     return {"gate": spec.name, "gate_hash": spec.hash, "runs": rr, "runs_total": len(rr),
             "runs_done": sum(r["done"] for r in rr), "train_tokens_per_run": spec.tokens_per_run,
-            "train_tokens_total": spec.tokens_per_run * n_arm_runs,
+            "train_tokens_total": sum(spec.arm_tokens(a) for a in spec.arms) * len(spec.seeds),
             "teacher_steps": {t: s.train["steps"] for t, s in spec.teachers.items()}}
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from tern.core.config import ModelConfig
 from tern.core.records import read_jsonl
+from tern.decide.power import DEFAULT_POWER, mde
 from tern.decide.spec import content_hash
 
 REGISTRY_SCHEMA = 1
@@ -80,8 +81,9 @@ def list_gates(registry: str | Path) -> list[dict[str, Any]]:
                     "runs_done": sum(a["n"] for a in v["arms"].values()),
                     "runs_total": len(v["content"]["seeds"]) * len(v["content"]["arms"]),
                     "timestamp": v["run_metadata"]["timestamp"],
-                    "comparisons": [{k: c[k] for k in ("b", "a", "n", "mean_delta", "se_delta", "z",
-                                                       "verdict")} for c in v["comparisons"]]})
+                    "comparisons": [{**{k: c[k] for k in ("b", "a", "n", "mean_delta", "se_delta", "z",
+                                                          "verdict")}, "mde": comparison_mde(v, c)}
+                                    for c in v["comparisons"]]})
     pending: dict[str, dict] = {}
     for r in rows:
         if r.get("record") == "gate_run" and r["gate"] not in verdicts and r["role"] == "arm":
@@ -169,6 +171,14 @@ def registry_report(registry: str | Path) -> str:
     return "\n\n".join(parts)
 
 
+def comparison_mde(v: dict[str, Any], c: dict[str, Any]) -> float:
+    """The MDE of comparison ``c`` of verdict ``v`` (tern.decide.power): as recorded, or from
+    its standard error and the rule's k for records written before MDEs were recorded."""
+    if c.get("mde") is not None:
+        return c["mde"]
+    return mde(v["rule"]["k_sigma"], c["se_delta"], c.get("power", DEFAULT_POWER))
+
+
 def _fmt(x: float, spec: str) -> str:
     return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -176,7 +186,7 @@ def _fmt(x: float, spec: str) -> str:
 def format_table(gates: list[dict[str, Any]]) -> str:
     """Verdict table: one line per comparison of each gate."""
     lines = [f"{'gate':<22} {'hash':<12} {'B vs A':<24} {'n':>2} {'mean Δ':>9} {'± se':>8} "
-             f"{'z':>6} {'verdict':<12} rule"]
+             f"{'z':>6} {'MDE':>8} {'verdict':<12} rule"]
     for g in gates:
         comps = g["comparisons"] or [{"b": "", "a": "", "n": 0, "mean_delta": math.nan,
                                       "se_delta": math.nan, "z": math.nan, "verdict": g["verdict"]}]
@@ -185,12 +195,15 @@ def format_table(gates: list[dict[str, Any]]) -> str:
             lines.append(f"{g['gate'] if i == 0 else '':<22} {g['gate_hash'][:12] if i == 0 else '':<12} "
                          f"{vs:<24} {c['n']:>2} {_fmt(c['mean_delta'], '+.5f'):>9} "
                          f"{_fmt(c['se_delta'], '.5f'):>8} {_fmt(c['z'], '+.2f'):>6} "
+                         f"{_fmt(c.get('mde', math.nan), '.5f'):>8} "
                          f"{c['verdict']:<12} {g['rule'] if i == 0 else ''}")
         if len(comps) > 1:
             lines.append(f"{'':<22} {'':<12} {'gate verdict':<24} {'':>2} {'':>9} {'':>8} {'':>6} "
-                         f"{g['verdict']}")
+                         f"{'':>8} {g['verdict']}")
     lines.append("(Δ = B − A of the gate's metric, per seed paired; se: standard error; "
-                 "z = mean/se; val_bpb in bits/byte)")
+                 "z = mean/se; MDE: the smallest distance from the rule's threshold detected with "
+                 f"power {DEFAULT_POWER:g}, (k + z_p) se — an inconclusive verdict does not exclude "
+                 "smaller effects; val_bpb in bits/byte)")
     return "\n".join(lines)
 
 
@@ -208,8 +221,16 @@ def format_verdict(v: dict[str, Any]) -> str:
     out.append("comparisons:")
     for cmp in v["comparisons"]:
         seeds = "  ".join(f"s{p['seed']}: {p['delta']:+.5f}" for p in cmp["per_seed"])
+        m = comparison_mde(v, cmp)
         out.append(f"  {cmp['b']} vs {cmp['a']}: Δ {_fmt(cmp['mean_delta'], '+.5f')} ± "
-                   f"{_fmt(cmp['se_delta'], '.5f')} (z {_fmt(cmp['z'], '+.2f')}, n={cmp['n']}) "
-                   f"-> {cmp['verdict']} ({cmp['reason']})")
+                   f"{_fmt(cmp['se_delta'], '.5f')} (z {_fmt(cmp['z'], '+.2f')}, n={cmp['n']}, "
+                   f"MDE {_fmt(m, '.5f')}) -> {cmp['verdict']} ({cmp['reason']})")
+        if cmp["verdict"] == "inconclusive":
+            out.append(f"    inconclusive is not 'no effect': at n={cmp['n']} only a true Δ at least "
+                       f"{_fmt(m, '.5f')} from the threshold is detected with power "
+                       f"{cmp.get('power', DEFAULT_POWER):g}"
+                       + (f"; {cmp['seeds_needed']} seeds would detect "
+                          f"{cmp['target_effect']:.4f} ({cmp['target_basis']})"
+                          if cmp.get("seeds_needed") else ""))
         out.append(f"    per seed Δ: {seeds}")
     return "\n".join(out)

@@ -28,6 +28,13 @@ A gate file is TOML (``gates/*.toml``)::
     [arms.B]
     model = { mlp_format = "ternary2" }
 
+``[budget] tokens_per_param = x`` (instead of steps / tokens) gives every arm its own
+budget, ceil(x * total_params(arm) / (batch_size * seq_len)) steps (a capacity study: the
+same tokens per parameter, not the same tokens; the paired check then requires each run
+to have trained its arm's planned tokens). An optional ``[plan]`` table holds the
+planner's figures written before the runs (power, effect, spread_from, mde, seeds_needed,
+note; see :mod:`tern.decide.power`).
+
 Distillation gates add ``[teachers.NAME]`` (preset/model/train/seed: a model trained once by
 the kit, with its own budget in ``train``) and an arm ``distill = {teacher = "NAME",
 method = "logit" | "byte", alpha = 0.5, temperature = 1.0}`` (see :mod:`tern.train.distill`).
@@ -52,7 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tern.core.config import ModelConfig, get_preset
+from tern.core.config import ModelConfig, get_preset, param_counts
+from tern.decide.power import validate_plan
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,9 +69,9 @@ else:  # pragma: no cover - Python 3.10
 
 GATE_SCHEMA = 1
 TOP_KEYS = {"schema", "name", "question", "preregistration", "metric", "record", "seeds", "rule",
-            "baseline", "compare", "budget", "common", "arms", "teachers"}
+            "baseline", "compare", "budget", "common", "arms", "teachers", "plan"}
 REQUIRED_TOP = ("name", "question", "preregistration", "seeds", "rule", "budget", "arms")
-BUDGET_KEYS = {"steps", "tokens", "batch_size", "seq_len"}
+BUDGET_KEYS = {"steps", "tokens", "tokens_per_param", "batch_size", "seq_len"}
 ARM_KEYS = {"preset", "model", "train", "distill", "label"}
 COMMON_KEYS = {"preset", "model", "train"}
 TEACHER_KEYS = {"preset", "model", "train", "seed"}
@@ -155,7 +163,7 @@ class GateSpec:
     record: tuple[str, ...]
     seeds: tuple[int, ...]
     rule: Rule
-    budget: dict[str, int]  # steps, batch_size, seq_len (tokens resolved to steps)
+    budget: dict[str, Any]  # steps (or tokens_per_param), batch_size, seq_len (tokens -> steps)
     arms: dict[str, ArmSpec]  # file order
     baseline: str
     comparisons: tuple[tuple[str, str], ...]  # (B, A) pairs
@@ -163,15 +171,26 @@ class GateSpec:
     content: dict[str, Any] = field(default_factory=dict, repr=False)  # the parsed file
     hash: str = ""  # sha256 of the canonical content
     path: str = ""
+    arm_steps: dict[str, int] = field(default_factory=dict)  # every arm's steps
+    plan: dict[str, Any] = field(default_factory=dict)  # the pre-registered [plan] table
 
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
 
     @property
+    def per_param(self) -> bool:
+        """Whether the budget is tokens per parameter (arms train different tokens)."""
+        return "tokens_per_param" in self.budget
+
+    @property
     def tokens_per_run(self) -> int:
+        """Training tokens of one arm run (the largest arm's with a per-parameter budget)."""
+        return max(self.arm_tokens(a) for a in self.arms)
+
+    def arm_tokens(self, arm: str) -> int:
         b = self.budget
-        return b["steps"] * b["batch_size"] * b["seq_len"]
+        return self.arm_steps[arm] * b["batch_size"] * b["seq_len"]
 
     def model_config(self, arm: str) -> ModelConfig:
         a = self.arms[arm]
@@ -184,7 +203,9 @@ class GateSpec:
     def train_overrides(self, arm: str, seed: int) -> dict[str, Any]:
         """The full TrainConfig keyword set of one (arm, seed) run: arm overrides, then
         the gate's budget and the seed (equal for every arm: same tokens, same order)."""
-        return {**self.arms[arm].train, **self.budget, "seed": seed}
+        b = self.budget
+        return {**self.arms[arm].train, "steps": self.arm_steps[arm], "batch_size": b["batch_size"],
+                "seq_len": b["seq_len"], "seed": seed}
 
     def teacher_train_overrides(self, teacher: str) -> dict[str, Any]:
         t = self.teachers[teacher]
@@ -236,7 +257,7 @@ def _str(d: dict[str, Any], key: str) -> str:
     return v
 
 
-def _budget(b: Any) -> dict[str, int]:
+def _budget(b: Any) -> dict[str, Any]:
     b = _check_keys(b, BUDGET_KEYS | {"minutes"}, "budget")
     if "minutes" in b:
         raise ValueError("gate field 'budget.minutes' is not allowed: a time budget gives arms of "
@@ -245,9 +266,15 @@ def _budget(b: Any) -> dict[str, int]:
         if k not in b:
             raise ValueError(f"gate field 'budget.{k}' is required")
         _pos_int(b[k], f"budget.{k}")
-    if ("steps" in b) == ("tokens" in b):
-        raise ValueError("gate field 'budget' needs exactly one of 'steps' or 'tokens'")
+    if sum(k in b for k in ("steps", "tokens", "tokens_per_param")) != 1:
+        raise ValueError("gate field 'budget' needs exactly one of 'steps', 'tokens' or "
+                         "'tokens_per_param'")
     per_step = b["batch_size"] * b["seq_len"]
+    if "tokens_per_param" in b:
+        x = b["tokens_per_param"]
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x < math.inf:
+            raise ValueError(f"gate field 'budget.tokens_per_param' must be a number > 0, got {x!r}")
+        return {"tokens_per_param": float(x), "batch_size": b["batch_size"], "seq_len": b["seq_len"]}
     if "steps" in b:
         steps = _pos_int(b["steps"], "budget.steps")
     else:
@@ -371,8 +398,14 @@ def gate_from_dict(content: dict[str, Any], path: str = "") -> GateSpec:
     else:
         comparisons = tuple((b, baseline) for b in arms if b != baseline)
 
+    per_step = budget["batch_size"] * budget["seq_len"]
+    arm_steps = {a: budget["steps"] if "steps" in budget else max(1, math.ceil(
+        budget["tokens_per_param"] * param_counts(_build_model(arms[a].preset, arms[a].model, a)).total.params
+        / per_step)) for a in arms}
+    plan = validate_plan(c.get("plan", {}))
     spec = GateSpec(name, question, prereg, metric, tuple(record), tuple(seeds), rule, budget,
-                    arms, baseline, comparisons, teachers, content, content_hash(content), path)
+                    arms, baseline, comparisons, teachers, content, content_hash(content), path,
+                    arm_steps, plan)
     _check_arms_differ(spec)
     return spec
 

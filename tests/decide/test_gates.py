@@ -193,7 +193,7 @@ def content(**changes):
     ({"rule": "B is better"}, "'rule'"),
     ({"question": None}, "'question' is required"),
     ({"budget": {"minutes": 5, "batch_size": 2, "seq_len": 16}}, "budget.minutes"),
-    ({"budget": {"batch_size": 2, "seq_len": 16}}, "exactly one of 'steps' or 'tokens'"),
+    ({"budget": {"batch_size": 2, "seq_len": 16}}, "exactly one of 'steps', 'tokens' or 'tokens_per_param'"),
     ({"budget": {"steps": 0, "batch_size": 2, "seq_len": 16}}, "budget.steps"),
     ({"arms": {"A": {"model": {}}}}, "at least two arms"),
     ({"arms": {"A": {"model": {}}, "B": {"modle": {}}}}, "arms.B"),
