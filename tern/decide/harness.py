@@ -43,11 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
-from tern.core.records import append_jsonl, run_metadata
+from tern.core.records import run_metadata
 from tern.decide.power import DEFAULT_POWER, mde, seeds_needed, target_effect
 from tern.decide.registry import (
     REGISTRY_SCHEMA,
     _jsonable,
+    append_row,
     config_hash,
     default_registry,
     finished_runs,
@@ -183,14 +184,14 @@ def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
                "model_config": run.model_cfg.to_dict(), "train_config": _jsonable(run.train_cfg),
                "distill": run.distill, "counts": param_counts(run.model_cfg).summary(),
                "wall_s": wall_s, "run_metadata": run_metadata()}
-        append_jsonl(registry, row)
+        append_row(registry, row)
         done[(run.arm, run.seed, run.config_hash)] = row
         trained += 1
     current = [done[(r.arm, r.seed, r.config_hash)] for r in runs]
     verdict = verdict_record(spec, current)
     verdict.update(runs_reused=len([r for r in runs if r not in todo]), runs_trained=trained,
                    registry=str(registry))
-    append_jsonl(registry, verdict)
+    append_row(registry, verdict)
     _log(f"gate {spec.name}: {verdict['verdict'].upper()}", progress)
     return verdict
 

@@ -1,9 +1,20 @@
-"""The gate registry: append-only JSONL of runs and verdicts, and reading it back."""
+"""The gate registry: append-only JSONL of runs and verdicts, and reading it back.
+
+Appends are safe with many writers (worker processes on one machine or on a shared POSIX
+file system that honours flock): :func:`append_row` takes an exclusive ``fcntl.flock`` on
+``<registry>.lock`` beside the file, drops a torn tail left by a writer killed mid-line (it
+held the lock, so it is gone), writes the whole line with one ``write()`` on an
+``O_APPEND`` descriptor and fsyncs before releasing the lock. A killed run leaves no row,
+so resume (runs keyed by gate hash, arm, seed and config hash) simply trains it again.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +51,62 @@ def config_hash(model_cfg: ModelConfig, train_cfg: Any, distill: dict | None = N
     """SHA-256 of a run's resolved configs (what resume compares besides the gate hash)."""
     return content_hash({"model": model_cfg.to_dict(), "train": _jsonable(train_cfg),
                          "distill": distill})
+
+
+def lock_path(registry: str | Path) -> Path:
+    p = Path(registry)
+    return p.with_name(p.name + ".lock")
+
+
+@contextlib.contextmanager
+def registry_lock(registry: str | Path):
+    """Exclusive flock on the registry's lock file for the block (no-op where fcntl is
+    missing, e.g. Windows: one writer at a time there)."""
+    lp = lock_path(registry)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lp, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def append_row(registry: str | Path, row: dict[str, Any]) -> None:
+    """Append one record as one full line, under the registry lock (module docstring)."""
+    data = (json.dumps(row, sort_keys=True, allow_nan=True) + "\n").encode("utf-8")
+    path = Path(registry)
+    with registry_lock(path):
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _drop_torn_tail(fd)
+            view = memoryview(data)
+            while view:  # one write() for a regular file; the loop only guards a short write
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _drop_torn_tail(fd: int) -> None:
+    """Truncate a last line without its newline (a writer killed mid-line)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    pos, chunk = size, 65536
+    while pos > 0:
+        start = max(0, pos - chunk)
+        nl = os.pread(fd, pos - start, start).rfind(b"\n")
+        if nl >= 0:
+            os.ftruncate(fd, start + nl + 1)
+            return
+        pos = start
+    os.ftruncate(fd, 0)
 
 
 def read_registry(path: str | Path) -> list[dict[str, Any]]:
