@@ -13,16 +13,30 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# The set-up cell every notebook starts with (kept here so all notebooks carry the same).
+# The set-up cell every notebook starts with (tests/report/test_notebooks.py checks that each
+# notebook's first code cell is exactly this). It runs before tern is importable, so it may
+# use the standard library only; tests/report/test_install_cell.py runs it with fake upload
+# folders, environment variables and a stand-in pip.
 INSTALL_CELL = '''\
-# Set-up: install tern when it is not importable (Kaggle / Colab), then detect the machine.
-# Set TERN_SRC to a local path or a git URL of the kit to install from somewhere else.
-import importlib.util, os, subprocess, sys
+# Set-up: install tern if it is not importable (Kaggle / Colab), then describe the machine.
+import glob, importlib, importlib.util, os, subprocess, sys
+
+def tern_source(env=os.environ, places=("/kaggle/input", ".", "/content")):
+    # what to pip-install: $TERN_SRC (a path, a wheel or a git URL), else an uploaded wheel
+    if env.get("TERN_SRC"):
+        return env["TERN_SRC"]
+    for place in places:
+        wheels = [w for d in ("", "*", "*/*") for w in glob.glob(os.path.join(place, d, "tern-*.whl"))]
+        if wheels:
+            return max(wheels, key=os.path.getmtime)
+    raise RuntimeError("tern is not installed. Upload the tern wheel (tern-*.whl: run `pip wheel "
+                       "--no-deps -w dist .` in a tern checkout) to this folder, /content (Colab) or a "
+                       "Kaggle dataset (Add Input), or set os.environ['TERN_SRC'] to a checkout path, "
+                       "a wheel or a git URL of the kit; then run this cell again.")
+
 if importlib.util.find_spec("tern") is None:
-    here = os.path.abspath("..")
-    local = os.path.exists(os.path.join(here, "pyproject.toml"))
-    src = ["-e", here] if local else [os.environ.get("TERN_SRC", "git+https://github.com/tern-kit/tern")]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *src], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", tern_source()], check=True)
+    importlib.invalidate_caches()
 from tern.report.notebook import setup
 ENV = setup()'''
 

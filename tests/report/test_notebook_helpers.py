@@ -22,9 +22,16 @@ def test_results_dir(tmp_path):
     rel.rmdir()
 
 
-def test_install_cell_compiles():
+def test_install_cell_compiles_and_names_no_placeholder_url():
     compile(INSTALL_CELL, "<cell>", "exec")
-    assert "pip" in INSTALL_CELL and Path
+    assert "pip" in INSTALL_CELL and "TERN_SRC" in INSTALL_CELL
+    assert "github.com" not in INSTALL_CELL and "http" not in INSTALL_CELL
+
+
+def test_no_placeholder_url_anywhere():
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *root.glob("notebooks/*.ipynb"), *root.glob("tern/**/*.py")]
+    assert [str(f.relative_to(root)) for f in files if "tern-kit" in f.read_text(encoding="utf-8")] == []
 
 
 def test_headlines_round_trip(tmp_path):

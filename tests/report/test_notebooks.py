@@ -27,6 +27,18 @@ def test_committed_without_outputs_and_parameterised(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_first_code_cell_is_the_shared_set_up_cell(path):
+    from tern.report.notebook import INSTALL_CELL
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert "".join(code[0]["source"]) == INSTALL_CELL, (
+        f"{path.name}: the first code cell must be tern.report.notebook.INSTALL_CELL")
+    later = "".join("".join(c["source"]) for c in code[1:])
+    assert "setup()" not in later, f"{path.name}: setup() is called again after the set-up cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_in_smoke_mode(path, tmp_path):
     import papermill  # a dependency of tern: a missing one must fail, not skip
 
