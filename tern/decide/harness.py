@@ -37,17 +37,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tern.core.config import ModelConfig, param_counts
+from tern.core.config import ModelConfig
 from tern.core.records import run_metadata
 from tern.decide.power import DEFAULT_POWER, mde, seeds_needed, target_effect
 from tern.decide.registry import (
     REGISTRY_SCHEMA,
-    _jsonable,
     append_row,
     config_hash,
     default_registry,
@@ -56,6 +54,7 @@ from tern.decide.registry import (
 )
 from tern.decide.spec import GateSpec, load_gate
 from tern.decide.stats import combine, compare
+from tern.decide.workers import RunJob, run_jobs
 
 Runner = Callable[..., dict]
 
@@ -125,12 +124,14 @@ def _run_dir(work_dir: Path, spec: GateSpec, run: PlannedRun) -> Path:
 def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
              runner: Runner | None = None, distill_runner: Runner | None = None,
              make_train: Callable[[dict], Any] | None = None, work_dir: str | Path | None = None,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, workers: int = 1, scheduler: Any = None) -> dict[str, Any]:
     """Run (or resume) a gate and append its verdict to the registry; returns the verdict
-    record. Finished runs of the same gate hash and config are read back, not retrained."""
+    record. Finished runs of the same gate hash and config are read back, not retrained.
+    ``workers`` / ``scheduler``: where the independent runs execute (tern.decide.workers:
+    this process, a local process pool, or a Dask cluster); teachers run before students."""
     if not isinstance(spec, GateSpec):
         spec = load_gate(spec)
-    registry = Path(registry) if registry is not None else default_registry()
+    registry = (Path(registry) if registry is not None else default_registry()).resolve()
     work_dir = (Path(work_dir) if work_dir is not None else registry.parent / "work").resolve()
     if make_train is None:
         make_train = default_make_train()
@@ -153,43 +154,41 @@ def run_gate(spec: GateSpec | str | Path, registry: str | Path | None = None, *,
     # its checkpoint is gone (the registry keeps figures, the work folder keeps weights)
     todo = [r for r in runs if (r.arm, r.seed, r.config_hash) not in done
             or (r.role == "teacher" and pending_distill and teacher_checkpoint(r) is None)]
-    trained = 0
+    where = (f"on Dask ({scheduler if isinstance(scheduler, str) else 'client'})" if scheduler is not None
+             else f"over {workers} local workers" if workers > 1 else "in this process")
     _log(f"gate {spec.name} [{spec.short_hash}]: {len(runs)} runs, {len(runs) - len(todo)} "
-         f"already in {registry}, {len(todo)} to train", progress)
-    for i, run in enumerate(todo):
-        _log(f"gate {spec.name}: run {i + 1}/{len(todo)}: {run.arm} seed {run.seed}", progress)
-        t0 = time.perf_counter()
+         f"already in {registry}, {len(todo)} to train {where}", progress)
+    serial = workers == 1 and scheduler is None
+
+    def job(run: PlannedRun) -> RunJob:
+        ck, tcfg, out = None, None, None
         if run.distill:
             t = teachers[run.distill["teacher"]]
             ckpt = teacher_checkpoint(t)
             if ckpt is None:
                 raise ValueError(f"teacher {t.arm} has no checkpoint file; the runner must return "
                                  "'checkpoint' (the path it wrote under out_dir)")
-            metrics = distill_runner(run.model_cfg, run.train_cfg, teacher_checkpoint=ckpt,
-                                     teacher_cfg=t.model_cfg, distill=dict(run.distill),
-                                     out_dir=None, progress=progress)
+            ck, tcfg = str(ckpt), t.model_cfg
         elif run.role == "teacher":
-            metrics = runner(run.model_cfg, run.train_cfg, out_dir=_run_dir(work_dir, spec, run),
-                             progress=progress)
-        else:
-            metrics = runner(run.model_cfg, run.train_cfg, out_dir=None, progress=progress)
-        wall_s = time.perf_counter() - t0
-        metrics = _jsonable(metrics)
-        if not isinstance(metrics, dict) or spec.metric not in metrics:
-            raise ValueError(f"runner returned no {spec.metric!r} for {run.arm} seed {run.seed}: "
-                             f"{sorted(metrics) if isinstance(metrics, dict) else metrics!r}")
-        row = {"record": "gate_run", "schema": REGISTRY_SCHEMA, "gate": spec.name,
-               "gate_hash": spec.hash, "arm": run.arm, "seed": run.seed, "role": run.role,
-               "config_hash": run.config_hash, "metrics": metrics,
-               "model_config": run.model_cfg.to_dict(), "train_config": _jsonable(run.train_cfg),
-               "distill": run.distill, "counts": param_counts(run.model_cfg).summary(),
-               "wall_s": wall_s, "run_metadata": run_metadata()}
-        append_row(registry, row)
-        done[(run.arm, run.seed, run.config_hash)] = row
-        trained += 1
+            out = str(_run_dir(work_dir, spec, run))
+        return RunJob(spec.name, spec.hash, spec.metric, run, str(registry),
+                      distill_runner if run.distill else runner, out, ck, tcfg,
+                      progress=progress and serial)
+
+    n_done = [0]
+
+    def finished(row: dict) -> None:
+        done[(row["arm"], row["seed"], row["config_hash"])] = row
+        n_done[0] += 1
+        _log(f"gate {spec.name}: run {n_done[0]}/{len(todo)} done: {row['arm']} seed {row['seed']} "
+             f"{spec.metric} {row['metrics'][spec.metric]:.5f} ({row['wall_s']:.0f} s)", progress)
+
+    for role in ("teacher", "arm"):  # students need their teachers' checkpoints
+        run_jobs([job(r) for r in todo if r.role == role], workers=workers, scheduler=scheduler,
+                 on_row=finished)
     current = [done[(r.arm, r.seed, r.config_hash)] for r in runs]
     verdict = verdict_record(spec, current)
-    verdict.update(runs_reused=len([r for r in runs if r not in todo]), runs_trained=trained,
+    verdict.update(runs_reused=len([r for r in runs if r not in todo]), runs_trained=n_done[0],
                    registry=str(registry))
     append_row(registry, verdict)
     _log(f"gate {spec.name}: {verdict['verdict'].upper()}", progress)
