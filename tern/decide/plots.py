@@ -11,13 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-
+from tern.core.figure import subplots
 from tern.decide.harness import arm_summaries
-from tern.decide.registry import gate_runs, latest_verdicts, read_registry  # noqa: E402
+from tern.decide.registry import gate_runs, latest_verdicts, read_registry
 
 VERDICT_COLORS = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:gray"}
 METRIC_UNITS = {"val_bpb": "bits/byte"}
@@ -29,7 +25,7 @@ def forest_plot(verdicts: list[dict[str, Any]], path: str | Path | None = None):
     rows = [(v, c) for v in verdicts for c in v["comparisons"]]
     if not rows:
         raise ValueError("forest_plot needs at least one verdict with a comparison")
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.6))
+    fig, ax = subplots(figsize=(8, 0.45 * len(rows) + 1.6))
     for i, (v, c) in enumerate(rows):
         y = len(rows) - 1 - i
         k = v["rule"]["k_sigma"]
@@ -66,7 +62,7 @@ def capacity_plot(run_rows: list[dict[str, Any]], metric: str = "val_bpb", title
     pts = capacity_points(run_rows, metric)
     if not pts:
         raise ValueError("capacity_plot needs gate_run rows")
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = subplots(figsize=(6.5, 4.2))
     x = [p["total_params"] / 1e6 for p in pts]
     y = [p["mean"] for p in pts]
     e = [p["se"] if math.isfinite(p["se"]) else 0.0 for p in pts]
@@ -110,7 +106,7 @@ def expert_load_plot(run_rows: list[dict[str, Any]], path: str | Path | None = N
             curves.setdefault(r["arm"], []).append(sorted((x / tot * e for x in layer), reverse=True))
     if not curves:
         raise ValueError("expert_load_plot: no run row has a per-layer expert_load")
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = subplots(figsize=(6.5, 4.2))
     for arm, rows in curves.items():
         e = len(rows[0])
         mean = [sum(r[i] for r in rows) / len(rows) for i in range(e)]
@@ -138,16 +134,16 @@ def plot_registry(registry: str | Path, out: str | Path,
     paths = []
     if verdicts:
         p = out / "gates_forest.png"
-        plt.close(forest_plot(list(verdicts.values()), p))
+        forest_plot(list(verdicts.values()), p)
         paths.append(p)
     v = verdicts.get(capacity_gate)
     if v is not None:
         runs = gate_runs(rows, v["gate_hash"])
         p = out / f"gates_{capacity_gate}_capacity.png"
-        plt.close(capacity_plot(runs, v["metric"], f"{capacity_gate}: {v['metric']} against total params", p))
+        capacity_plot(runs, v["metric"], f"{capacity_gate}: {v['metric']} against total params", p)
         paths.append(p)
         if any(expert_load_matrix(r["metrics"].get("expert_load")) for r in runs):
             p = out / f"gates_{capacity_gate}_expert_load.png"
-            plt.close(expert_load_plot(runs, p))
+            expert_load_plot(runs, p)
             paths.append(p)
     return paths

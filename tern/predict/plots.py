@@ -7,13 +7,12 @@ from __future__ import annotations
 import math
 
 import matplotlib
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from tern.core.formats import get_format  # noqa: E402
-from tern.core.host_profile import HostProfile  # noqa: E402
+from tern.core.figure import subplots
+from tern.core.formats import get_format
+from tern.core.host_profile import HostProfile
 from tern.core.host_queries import cache_capacity_bytes, cache_levels
 from tern.predict.roofline import feasibility_grid, sweep_active, sweep_total
 
@@ -30,7 +29,7 @@ def plot_knee(hosts: dict[str, HostProfile], active_params: float = 15e6, bits_p
     """Predicted tok/s against total params at fixed active params, log-log, one line
     per host; dotted verticals where the whole model's bytes equal each cache level."""
     totals = totals or _geom(active_params, active_params * 1000, points)
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = subplots(figsize=(7.5, 4.5))
     bpw = bits_per_weight / 8
     for i, (label, host) in enumerate(hosts.items()):
         preds = sweep_total(host, active_params, totals, bits_per_weight, resident_fraction, threads)
@@ -58,7 +57,7 @@ def plot_formats(hosts: dict[str, HostProfile], formats: tuple[str, ...] = DEFAU
     """Predicted tok/s against active params, one line per weight format, one panel per
     host (total = ``total_over_active`` x active; 1.0 is a dense model)."""
     actives = actives or _geom(1e6, 1e10, 60)
-    fig, axes = plt.subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False, sharey=True)
+    fig, axes = subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False, sharey=True)
     for ax, (label, host) in zip(axes[0], hosts.items(), strict=True):
         for j, fmt in enumerate(formats):
             preds = sweep_active(host, actives, fmt, threads, total_over_active)
@@ -82,7 +81,7 @@ def plot_feasibility(hosts: dict[str, HostProfile], total_params: float = 10e9,
     """Feasibility of a ``total_params`` model: predicted tok/s over active params x
     threads, one panel per host, with the contour of ``target_tok_per_s``."""
     actives = actives or _geom(total_params / 1000, total_params / 2, 40)
-    fig, axes = plt.subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False)
+    fig, axes = subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False)
     for ax, (label, host) in zip(axes[0], hosts.items(), strict=True):
         ts = threads or sorted(set(host.thread_counts())) or [1]
         grid = np.array(feasibility_grid(host, total_params, actives, ts, fmt, resident_fraction))  # (T, A)
@@ -93,6 +92,10 @@ def plot_feasibility(hosts: dict[str, HostProfile], total_params: float = 10e9,
         ax.set_xscale("log")
         ax.set_xlabel("active params per token")
         ax.set_ylabel("threads")
+        if len(ts) <= 12:  # one tick per measured thread count
+            ax.set_yticks(ts, [str(t) for t in ts])
+        else:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{total_params / 1e9:g}B total, {fmt}: {label[:40]}", fontsize=9)
         fig.colorbar(mesh, ax=ax, label="log10 predicted tok/s")
     fig.tight_layout()
@@ -104,7 +107,7 @@ def plot_presets(rows: list[dict]):
     rows, one bar per (host, threads)."""
     configs = list(dict.fromkeys(r["config"] for r in rows))
     series = list(dict.fromkeys((r["host"], r["threads"]) for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(configs)), 4.2))
+    fig, ax = subplots(figsize=(max(6, 1.5 * len(configs)), 4.2))
     w = 0.8 / max(1, len(series))
     for j, (h, t) in enumerate(series):
         ys = [next((r["tok_per_s"] for r in rows if r["config"] == c and r["host"] == h and r["threads"] == t),
@@ -128,9 +131,9 @@ def plot_time_breakdown(breakdowns: dict[str, dict[str, float]]):
     labels = list(breakdowns)
     parts = list(dict.fromkeys(k for b in breakdowns.values() for k in b))
     totals = np.array([sum(breakdowns[lb].values()) for lb in labels])  # seconds per token
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 2.2))
+    fig, ax = subplots(figsize=(9, 0.6 * len(labels) + 2.2))
     left = np.zeros(len(labels))
-    cmap = plt.get_cmap("tab20")
+    cmap = matplotlib.colormaps["tab20"]
     for i, part in enumerate(parts):
         sec = np.array([breakdowns[lb].get(part, 0.0) for lb in labels])
         pct = np.divide(100 * sec, totals, out=np.zeros_like(sec), where=totals > 0)

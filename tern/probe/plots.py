@@ -2,7 +2,8 @@
 
 Drawn from a HostProfile only (the curve points and the plateaus of
 :func:`tern.probe.detect_plateaus`), so it can be regenerated from a saved
-host_profile.json. Uses matplotlib's object API (no pyplot state): works headless.
+host_profile.json. Uses matplotlib's object API (no pyplot state, no backend chosen:
+:mod:`tern.core.figure`): works headless and shows inline in Jupyter.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullFormatter
 
+from tern.core.figure import TernFigure
 from tern.core.host_profile import BandwidthPoint, HostProfile
 from tern.probe.bandwidth import format_bytes
 from tern.probe.plateaus import detect_plateaus
@@ -31,14 +33,16 @@ def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read"
     ``kernels=None``: every kernel the profile measured."""
     if stat not in ("median", "best"):
         raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
-    fig = Figure(figsize=figsize)
+    fig = TernFigure(figsize=figsize)
     ax = fig.add_subplot(1, 1, 1)
     all_threads = sorted({p.threads for p in profile.bandwidth})
     if kernels is None:
         kernels = sorted({p.kernel for p in profile.bandwidth}, key=lambda k: (k != "read", k))
     threads = list(threads) if threads is not None else all_threads
     xs_all: list[int] = []
+    ys_max = 0.0
     drawn = 0
+    plateaus: list[tuple[int, str, str, list[tuple[int, float]]]] = []  # labelled once the axes are set
     for kernel in kernels:
         avail = profile.thread_counts(kernel)
         for t in threads:
@@ -53,22 +57,28 @@ def plot_bandwidth(profile: HostProfile, kernels: Sequence[str] | None = ("read"
             if show_spread:
                 _draw_spread(ax, curve, color)
             xs_all += xs
+            ys_max = max([ys_max, *ys])
             drawn += 1
             if label_plateaus:
-                _draw_plateaus(ax, profile, t, kernel, color, xs[0], xs[-1])
+                tops = [max(y, p.gbps_best) if show_spread and p.gbps_min is not None else y  # band drawn
+                        for p, y in zip(curve, ys, strict=True)]
+                plateaus.append((t, kernel, color, list(zip(xs, tops, strict=True))))
     if not drawn:
         raise ValueError(f"profile {profile.label!r} has no curve for kernels {list(kernels)} "
                          f"and threads {threads}")
-    _mark_caches(ax, profile, min(xs_all), max(xs_all))
     _log2_bytes_axis(ax, min(xs_all), max(xs_all))
+    ax.set_ylim(0, ys_max * 1.12)  # headroom for the plateau labels above the top curve
+    placed: list[tuple[float, float, float]] = []  # the plateau labels drawn so far
+    for t, kernel, color, tops in plateaus:
+        _draw_plateaus(ax, profile, t, kernel, color, tops, placed)
+    _mark_caches(ax, profile, min(xs_all), max(xs_all))
     ax.set_xlabel("working set (bytes, log2 scale)")
-    ax.set_ylabel(f"bandwidth, GB/s (1e9 bytes/s, {stat} of repeats"
-                  f"{'; band: slowest to fastest run' if show_spread else ''})")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("bandwidth (GB/s = 1e9 bytes/s)")
     cpu = profile.host.get("cpu_model") or profile.host.get("cpu") or ""
     ax.set_title(f"Bandwidth against working set: {cpu} ({profile.label})", fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper right", title_fontsize=7,
+              title=f"{stat} of repeats{'; band: slowest to fastest run' if show_spread else ''}")
     fig.tight_layout()
     return fig
 
@@ -87,7 +97,17 @@ def _draw_spread(ax, curve: Sequence[BandwidthPoint], color: str) -> None:
 
 
 def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: str,
-                   x_lo: float, x_hi: float) -> None:
+                   tops: list[tuple[int, float]], placed: list[tuple[float, float, float]]) -> None:
+    """Each plateau as a pale segment, labelled just above the highest point the curve
+    draws over it (``tops``: working set, GB/s of the line or the top of its band); a label
+    that would overlap one already drawn (``placed``: its left and right end in octaves, its
+    height in axes fractions) moves up one line until it is clear."""
+    x_lo, x_hi = tops[0][0], tops[-1][0]
+    x0, x1 = (math.log2(v) for v in ax.get_xlim())
+    y_top = ax.get_ylim()[1]
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    octave_per_char = 0.058 * (x1 - x0) / width_in  # 7 pt text: about 0.058 inch a character
+    line = 0.045  # one label line, in axes fractions
     for p in detect_plateaus(profile, threads, kernel):
         if p.gbps is None:
             continue
@@ -99,11 +119,19 @@ def _draw_plateaus(ax, profile: HostProfile, threads: int, kernel: str, color: s
         text = f"{p.name} {p.gbps:.0f}"
         if p.runs and p.gbps_min is not None and p.gbps_max is not None:
             text += f" ({p.gbps_min:.0f}\u2013{p.gbps_max:.0f})"  # slowest to fastest run
-        ax.annotate(text, (math.sqrt(lo * hi), p.gbps), textcoords="offset points",
-                    xytext=(0, 4), ha="center", fontsize=7, color=color)
+        mid = (math.log2(lo) + math.log2(hi)) / 2
+        left, right = mid - len(text) * octave_per_char / 2, mid + len(text) * octave_per_char / 2
+        y = max([p.gbps, *(g for x, g in tops if lo <= x <= hi)]) / y_top + 0.015
+        while any(left < r and l < right and abs(y - yy) < line for l, r, yy in placed):
+            y += line
+        placed.append((left, right, y))
+        ax.text(2.0 ** mid, y, text, ha="center", va="bottom", fontsize=7, color=color,
+                transform=ax.get_xaxis_transform())
 
 
 def _mark_caches(ax, profile: HostProfile, x_lo: float, x_hi: float) -> None:
+    """Dotted verticals at the cache sizes, labelled on a second x axis above the plot (clear
+    of the curves, the plateau labels and the legend)."""
     marks: dict[int, str] = {}
     for c in profile.caches:
         if c.type not in ("Data", "Unified"):
@@ -111,11 +139,15 @@ def _mark_caches(ax, profile: HostProfile, x_lo: float, x_hi: float) -> None:
         marks.setdefault(c.size_bytes, f"L{c.level} {format_bytes(c.size_bytes)}")
         if c.instances > 1:
             marks.setdefault(c.total_bytes, f"L{c.level} total {format_bytes(c.total_bytes)}")
-    for x, text in sorted(marks.items()):
-        if x_lo <= x <= x_hi:
-            ax.axvline(x, color="0.4", ls=":", lw=1)
-            ax.text(x, 0.98, f" {text}", rotation=90, va="top", ha="right", fontsize=7, color="0.3",
-                    transform=ax.get_xaxis_transform())
+    shown = {x: text for x, text in sorted(marks.items()) if x_lo <= x <= x_hi}
+    for x in shown:
+        ax.axvline(x, color="0.4", ls=":", lw=1)
+    top = ax.secondary_xaxis("top")
+    top.xaxis.set_major_locator(FixedLocator(list(shown)))
+    top.xaxis.set_minor_locator(FixedLocator([]))
+    top.set_xticklabels(list(shown.values()), rotation=35, ha="left", rotation_mode="anchor",
+                        fontsize=7, color="0.3")
+    top.tick_params(axis="x", length=3, color="0.4")
 
 
 def _log2_bytes_axis(ax, x_lo: float, x_hi: float) -> None:

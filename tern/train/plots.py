@@ -6,12 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-
-from tern.core.records import read_jsonl  # noqa: E402
+from tern.core.figure import subplots
+from tern.core.records import read_jsonl
 
 
 def _rows(log: str | Path | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,7 +22,7 @@ def curves_plot(log: str | Path | list[dict[str, Any]], path: str | Path | None 
     rows = _rows(log)
     st = [r for r in rows if r.get("record") == "train_step"]
     ev = [r for r in rows if r.get("record") == "eval"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     ax.plot([r["train_tokens"] for r in st], [r["loss"] for r in st], color="tab:blue", lw=1,
             label="train loss")
     ax.set_xlabel("training tokens")
@@ -52,7 +48,7 @@ def sparsity_plot(result: dict[str, Any], path: str | Path | None = None):
     sp = [s for s in result.get("sparsity") or [] if s.get("zero_frac") is not None]
     if not sp:
         raise ValueError("result has no per-layer sparsity")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = subplots(figsize=(6, 3.5))
     x = [s["layer"] for s in sp]
     ax.bar([i - 0.2 for i in x], [100 * s["zero_frac"] for s in sp], width=0.4, label="routed / dense")
     sh = [(s["layer"], s["shared_zero_frac"]) for s in sp if s.get("shared_zero_frac") is not None]
@@ -77,7 +73,7 @@ def expert_load_plot(result: dict[str, Any], path: str | Path | None = None):
     import numpy as np
 
     m = np.array([np.asarray(r["counts"], float) / max(np.mean(r["counts"]), 1e-12) for r in load])
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(load) + 1.8))
+    fig, ax = subplots(figsize=(7, 0.5 * len(load) + 1.8))
     im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0)
     ax.set_yticks(range(len(load)), [f"layer {r['layer']}" for r in load])
     ax.set_xlabel("routed expert")
@@ -103,9 +99,8 @@ def plot_run(log: str | Path, out_dir: str | Path, result: dict[str, Any] | None
     for name, fn, arg in ((f"{prefix}_curves", curves_plot, rows), (f"{prefix}_sparsity", sparsity_plot, result),
                           (f"{prefix}_expert_load", expert_load_plot, result)):
         try:
-            fig = fn(arg, out / f"{name}.png")
+            fn(arg, out / f"{name}.png")
         except ValueError:
             continue
-        plt.close(fig)
         paths.append(out / f"{name}.png")
     return paths
