@@ -23,6 +23,7 @@ from typing import Any
 from tern.core.paths import repo_root
 from tern.core.records import atomic_write_json, atomic_write_text, run_metadata
 from tern.report.notebook import load_headlines
+from tern.report.static_outputs import make_static_file
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int,
     if nb_out.exists():
         html_rel = f"notebooks/{path.stem}.html"
         try:
+            make_static_file(nb_out)  # progress bars and widgets as their final text / outputs
             _to_html(nb_out, out_dir / html_rel)
         except Exception as e:  # pragma: no cover - nbconvert problems are reported
             error = (error + "; " if error else "") + f"HTML export failed: {e}"
