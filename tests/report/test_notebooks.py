@@ -26,6 +26,18 @@ def test_committed_without_outputs_and_parameterised(path):
     assert "SMOKE" in src and "RESULTS" in src
 
 
+def execute_smoke(path: Path, out_dir: Path):
+    """Run notebook ``path`` top to bottom in SMOKE mode (RESULTS = ``out_dir/results``) into
+    ``out_dir/<name>``; returns the executed notebook (nbformat)."""
+    import papermill  # a dependency of tern: a missing one must fail, not skip
+
+    return papermill.execute_notebook(
+        str(path), str(out_dir / path.name), cwd=str(NB_DIR),
+        parameters={"SMOKE": True, "RESULTS": str(out_dir / "results")},
+        kernel_name="python3", progress_bar=False, request_save_on_cell_execute=False,
+    )
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_first_code_cell_is_the_shared_set_up_cell(path):
     from tern.report.notebook import INSTALL_CELL
@@ -40,10 +52,4 @@ def test_first_code_cell_is_the_shared_set_up_cell(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_in_smoke_mode(path, tmp_path):
-    import papermill  # a dependency of tern: a missing one must fail, not skip
-
-    papermill.execute_notebook(
-        str(path), str(tmp_path / path.name), cwd=str(NB_DIR),
-        parameters={"SMOKE": True, "RESULTS": str(tmp_path / "results")},
-        kernel_name="python3", progress_bar=False, request_save_on_cell_execute=False,
-    )
+    execute_smoke(path, tmp_path)
