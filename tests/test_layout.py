@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "tern"
 
 # Stages in pipeline order: a module may import its own stage and the stages before it.
-LAYERS = ("core", "kernels", "data", "packed", "probe", "predict", "train", "run", "measure",
-          "decide", "report")
+LAYERS = ("core", "kernels", "data", "packed", "run", "probe", "predict", "train", "measure",
+          "decide", "report")  # run (the engine) below probe: the probe times the engine itself
 TOP_LEVEL = {"tern", "tern.cli"}  # the package root and the command-line dispatcher sit above all
 
 MAX_MODULE_LINES = 450

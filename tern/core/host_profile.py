@@ -16,8 +16,8 @@ from typing import Any
 from tern.core.records import atomic_write_json
 
 FORMAT = "tern.host_profile"
-VERSION = 2  # 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
-READABLE_VERSIONS = (1, 2)  # version 1 lacks the spread fields: they load as unknown
+VERSION = 3  # 3: op_curves (kernel working-set curves), engine_runs; 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
+READABLE_VERSIONS = (1, 2, 3)  # version 1 lacks the spread fields: they load as unknown; < 3 has no op_curves
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class OpCost:
     unit_s: float  # per unit: a weight, a state element, a cached position x d_model, an element
     samples: int  # sizes timed
     max_rel_err: float  # largest |fit / measured - 1| over the sizes
-    tail_s: float = 0.0  # per row whose last segment is partial (masked loads; 0: not fitted)
+    tail_s: float = 0.0  # per tail unit (tern.probe.ops.tail_units: partial-segment rows, SSM channels, attention (position, head) pairs; 0: not fitted)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threads, int) and self.threads >= 1):
@@ -102,6 +102,87 @@ class OpCost:
 
     def seconds(self, calls: float, rows: float, units: float, tails: float = 0.0) -> float:
         return self.call_s * calls + self.row_s * rows + self.unit_s * units + self.tail_s * tails
+
+
+@dataclass(frozen=True)
+class OpCurve:
+    """Seconds per call of one engine matvec over a cycle of matrices whose bytes add up
+    to each working set (tern.probe.curves): how the kernel slows down as its weights
+    come from further out, measured on this host. ``split``: how it runs at ``threads``
+    ("serial": one thread; "rows": the parallel kernel; "experts": ``threads`` single-thread
+    calls at once). ``density``: fraction of the skip kernel's inputs that were nonzero."""
+
+    op: str
+    split: str
+    threads: int
+    rows: int
+    cols: int
+    density: float
+    working_set_bytes: tuple[int, ...]
+    seconds: tuple[float, ...]  # median seconds per call at each working set
+    seconds_min: tuple[float, ...] = ()
+    seconds_max: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        for n in ("working_set_bytes", "seconds", "seconds_min", "seconds_max"):
+            object.__setattr__(self, n, tuple(getattr(self, n)))
+        ws, sec = self.working_set_bytes, self.seconds
+        if self.split not in ("serial", "rows", "experts"):
+            raise ValueError(f"op curve {self.op!r}: split must be serial, rows or experts, got {self.split!r}")
+        if not ws or len(ws) != len(sec) or any(len(x) not in (0, len(ws)) for x in (self.seconds_min, self.seconds_max)):
+            raise ValueError(f"op curve {self.op!r}: {len(ws)} working sets but {len(sec)} times")
+        if any(b <= a for a, b in zip(ws, ws[1:], strict=False)) or ws[0] <= 0:
+            raise ValueError(f"op curve {self.op!r}: working sets must be positive and increasing")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in sec):
+            raise ValueError(f"op curve {self.op!r}: every time must be a finite number > 0 s")
+        if not (0 < self.density <= 1) or self.rows < 1 or self.cols < 1 or self.threads < 1:
+            raise ValueError(f"op curve {self.op!r}: bad shape, threads or density")
+
+    def seconds_at(self, working_set_bytes: float) -> float:
+        """Seconds per call at a working set: linear in log2(bytes) between the measured
+        points, clamped at the ends."""
+        xs = [math.log2(w) for w in self.working_set_bytes]
+        x = math.log2(max(float(working_set_bytes), 1.0))
+        if x <= xs[0]:
+            return self.seconds[0]
+        for i in range(1, len(xs)):
+            if x <= xs[i]:
+                f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return self.seconds[i - 1] + f * (self.seconds[i] - self.seconds[i - 1])
+        return self.seconds[-1]
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """The engine itself timed by the probe on a small random model it built
+    (tern.probe.engine_runs): seconds per token of ``Engine.step`` called from a Python
+    loop, and of the engine's per-token function called from a numba loop (its own work,
+    nothing between tokens). The predictor reads the Python side as the per-token overhead
+    and the numba side against its op costs as the engine-context factor."""
+
+    config: dict[str, Any]  # ModelConfig.to_dict() of the model timed
+    threads: int
+    step_s: float  # median seconds per token, Engine.step from Python
+    loop_s: float  # median seconds per token, inside numba
+    tokens: int
+    repeats: int
+
+    def __post_init__(self) -> None:
+        for n in ("step_s", "loop_s"):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"engine run: {n} must be a finite number > 0 s, got {v!r}")
+        if not (isinstance(self.threads, int) and self.threads >= 1) or not isinstance(self.config, dict):
+            raise ValueError("engine run: needs a config dict and threads >= 1")
+
+
+def op_curve_for(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str, threads: int) -> OpCurve | None:
+    """The curve of ``op`` run as ``split`` at the thread count nearest ``threads`` (serial
+    curves: 1 thread); None when the profile has none."""
+    rows = [c for c in curves if c.op == op and c.split == split]
+    if not rows:
+        return None
+    return min(rows, key=lambda c: (abs(c.threads - threads), -c.threads))
 
 
 def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:
@@ -131,6 +212,8 @@ class HostProfile:
     kernels: tuple[KernelThroughput, ...] = ()
     calibration: dict[str, float] = field(default_factory=dict)  # e.g. per-token overhead s
     op_costs: tuple[OpCost, ...] = ()  # engine operation costs (tern.probe.ops)
+    op_curves: tuple[OpCurve, ...] = ()  # kernel working-set curves (tern.probe.curves)
+    engine_runs: tuple[EngineRun, ...] = ()  # the engine timed on small models (tern.probe.engine_runs)
 
     # ---- queries ----------------------------------------------------------------------
     def cache(self, level: int) -> CacheLevel | None:
@@ -216,6 +299,8 @@ class HostProfile:
                 kernels=tuple(KernelThroughput(**k) for k in d.get("kernels", ())),
                 calibration=dict(d.get("calibration", {})),
                 op_costs=tuple(OpCost(**c) for c in d.get("op_costs", ())),
+                op_curves=tuple(OpCurve(**c) for c in d.get("op_curves", ())),
+                engine_runs=tuple(EngineRun(**r) for r in d.get("engine_runs", ())),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"host profile is malformed: {e}") from None
@@ -226,11 +311,23 @@ class HostProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HostProfile:
+        """A profile from a JSON file; ValueError naming the file when it is missing, not a
+        regular file, not UTF-8 JSON or not a valid profile."""
         try:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
         except FileNotFoundError:
             raise ValueError(f"host profile {path} does not exist; run `tern probe` first") from None
+        except IsADirectoryError:
+            raise ValueError(f"host profile {path} is a directory, not a file") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"host profile {path} is not a text file (not UTF-8 JSON): "
+                             f"a host profile is the JSON `tern probe` writes") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"host profile {path} is not valid JSON: {e}") from None
-        return cls.from_dict(d)
+        except OSError as e:
+            raise ValueError(f"host profile {path} cannot be read ({e.strerror or e})") from None
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None

@@ -4,7 +4,7 @@ working set, the kernel roof of a format, calibration keys."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tern.core.formats import get_format
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
@@ -132,3 +132,82 @@ def calibration(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     if not (math.isfinite(eff) and 0 < eff <= 1.5):
         raise ValueError(f"calibration bandwidth_efficiency must be in (0, 1.5], got {eff!r}")
     return over, eff
+
+
+# ---- effective tiers: read off the measured curve, /sys sizes only a hint --------------------
+@dataclass(frozen=True)
+class Tier:
+    """One level of the memory hierarchy as the read curve shows it: working sets up to
+    ``size_bytes`` read at about ``gbps`` (GB/s = 1e9 B/s). The last tier (DRAM) has no
+    upper end (``size_bytes`` 0)."""
+
+    name: str
+    size_bytes: int
+    gbps: float
+
+
+FLAT_SLOPE = 0.12  # |d log2(GB/s) / d log2(bytes)| below this is a plateau (< ~9 % per octave)
+MERGE_WITHIN = 0.15  # neighbouring plateaus closer than this in GB/s are one tier
+
+
+def effective_tiers(host: HostProfile, threads: int = 1, kernel: str = "read") -> list[Tier]:
+    """The tiers of the measured read curve at ``threads``.
+
+    A plateau is a run of points spanning at least an octave where the (3-point median
+    smoothed) rate changes less than FLAT_SLOPE per octave; neighbouring plateaus within
+    MERGE_WITHIN of each other are one tier; a tier ends where the curve falls through the
+    geometric mean of its rate and the next tier's. A VM's slice of a large shared L3
+    shows up as the small, slow tier it is, whatever /sys says. Names follow the order
+    (L1, L2, ...; the last, unbounded tier is DRAM)."""
+    avail = host.thread_counts(kernel)
+    if not avail:
+        return []
+    t = min(avail, key=lambda a: (abs(a - threads), -a))
+    pts = host.curve(t, kernel)
+    xs = [math.log2(p.working_set_bytes) for p in pts]
+    raw = [math.log2(p.gbps_median) for p in pts]
+    ys = [sorted(raw[max(0, i - 1): i + 2])[len(raw[max(0, i - 1): i + 2]) // 2] for i in range(len(raw))]
+    n = len(xs)
+    if n < 3:
+        return [Tier("L1" if n else "DRAM", 0, 2 ** ys[0] if n else 0.0)]
+    flat = []
+    for i in range(n):
+        a, b = max(0, i - 1), min(n - 1, i + 1)
+        flat.append(abs((ys[b] - ys[a]) / (xs[b] - xs[a])) < FLAT_SLOPE)
+    runs: list[list[int]] = []
+    for i in range(n):
+        if flat[i] and runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        elif flat[i]:
+            runs.append([i])
+    runs = [r for r in runs if xs[r[-1]] - xs[r[0]] >= 1.0 or r[-1] == n - 1] or [list(range(n))]
+    plateaus: list[tuple[list[int], float]] = []
+    for r in runs:
+        rate = sorted(ys[i] for i in r)[len(r) // 2]
+        if plateaus and abs(2 ** (rate - plateaus[-1][1]) - 1) < MERGE_WITHIN:
+            merged = plateaus[-1][0] + r
+            plateaus[-1] = (merged, sorted(ys[i] for i in merged)[len(merged) // 2])
+        else:
+            plateaus.append((r, rate))
+    out = []
+    for k, (r, rate) in enumerate(plateaus):
+        size = 0
+        if k + 1 < len(plateaus):
+            mid = (rate + plateaus[k + 1][1]) / 2
+            i = r[-1]
+            while i + 1 < n and ys[i + 1] >= mid:
+                i += 1
+            if i + 1 < n:  # interpolate the crossing between points i and i + 1
+                f = (ys[i] - mid) / (ys[i] - ys[i + 1]) if ys[i] != ys[i + 1] else 0.5
+                size = int(2 ** (xs[i] + f * (xs[i + 1] - xs[i])))
+            else:
+                size = int(2 ** xs[-1])
+        last = k == len(plateaus) - 1
+        out.append(Tier("DRAM" if last and k > 0 else f"L{k + 1}", size, 2 ** rate))
+    return out
+
+
+def effective_llc_bytes(host: HostProfile, threads: int = 1) -> int:
+    """Size of the last cache tier the measured read curve shows (0: no cliff measured)."""
+    caches = [t for t in effective_tiers(host, threads) if t.size_bytes > 0]
+    return caches[-1].size_bytes if caches else 0

@@ -16,7 +16,6 @@ compute the same model, so they must agree), and the per-token Python overhead o
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.run.timing import time_njit, time_steps  # noqa: F401  (the ladder's timers)
 
 # rung name -> Engine options (each adds one optimization to the one before)
 LADDER: list[tuple[str, dict[str, Any]]] = [
@@ -88,26 +88,6 @@ def bench_tokens(n: int, vocab_size: int, tokenizer: str | None) -> np.ndarray:
         except (ValueError, OSError):
             pass
     return np.random.default_rng(0).integers(0, vocab_size, n)
-
-
-def time_steps(engine: Any, tokens: np.ndarray) -> float:
-    """Seconds per token of ``engine.step`` over ``tokens`` after a reset."""
-    engine.reset()
-    step = engine.step
-    t0 = time.perf_counter()
-    for t in tokens:
-        step(int(t))
-    return (time.perf_counter() - t0) / len(tokens)
-
-
-def time_njit(engine: Any, tokens: np.ndarray) -> float:
-    """Seconds per token of the bare numba call (no Python checks) over ``tokens``."""
-    engine.reset()
-    fn, before, after = engine.fused_call()
-    t0 = time.perf_counter()
-    for t in tokens:
-        fn(*before, int(t), *after)
-    return (time.perf_counter() - t0) / len(tokens)
 
 
 def python_overhead(engine: Any, tokens: np.ndarray, repeats: int = 5) -> dict[str, Any]:

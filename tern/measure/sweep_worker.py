@@ -23,7 +23,7 @@ def time_decode(engine: Any, tokens: int, repeats: int, warmup: int, seed: int =
     """tok/s of ``engine.step`` over ``repeats`` runs of ``tokens`` random token ids, after
     ``warmup`` untimed tokens; the engine state is reset before each run."""
     from tern.core.records import summarize
-    from tern.measure.ladder import time_steps
+    from tern.run.timing import time_steps
 
     if tokens < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need tokens >= 1, repeats >= 1, warmup >= 0; got {tokens}, {repeats}, {warmup}")

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
-from tern.core.host_profile import op_cost_for
+from tern.core.host_profile import op_cost_for, op_curve_for
 from tern.kernels.policy import PAR_MIN_WEIGHTS, SEGMENT_COLS, STREAM_MAX_ROW_BYTES, stream_row_bytes
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
@@ -146,7 +146,8 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
     if f.ternary:
-        _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D)  # rows: the D outputs
+        tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
+        _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D, tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n, stream_rb, ep)
     return 0.0
@@ -170,11 +171,12 @@ def work_inventory(cfg: ModelConfig, context: int | None = None,
             _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb)  # in_proj
             _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
             _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb)  # x_proj
-            _add(res, "ssm_step", 1, Di * R, Di * N)  # dt projection (Di x R) + scan (Di x N)
+            _add(res, "ssm_step", 1, Di * R, Di * N, Di)  # dt projection (Di x R) + scan (Di x N) + channels
             _matvec(res, cfg.mixer_format, D, Di, 1, srb)  # out_proj
         else:
             _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb)  # q, k, v
-            _add(res, "attention", 1, 0, min(ctx, cfg.attn_window) * D)
+            pos = min(ctx, cfg.attn_window)
+            _add(res, "attention", 1, 0, pos * D, pos * cfg.n_heads)  # units: position x d_model; tails: x heads
             _add(res, "vector", 1, 0, D)
             _matvec(res, cfg.mixer_format, D, D, 1, srb)  # out
         if cfg.is_moe(layer):
@@ -238,3 +240,44 @@ def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
     return None if b is None else sum(b.values())
 
 
+
+
+# ---- memory: the measured kernel curves ------------------------------------------------------
+def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float | None:
+    """How many times longer than on cache-resident data each weight of ``key``'s op takes
+    at working set ``ws``, from the profile's measured kernel curves (None: no curve).
+    The curve's fixed part per call (the op cost's call and per-row terms at the curve's
+    shape) is taken out first, so only the per-weight part scales."""
+    split = key.split if threads > 1 else "serial"
+    curve = op_curve_for(host.op_curves, key.op, split, threads)
+    if curve is None:
+        return None
+    ref = curve if split != "experts" else op_curve_for(host.op_curves, key.op, "serial", 1)
+    if ref is None:
+        return None
+    t_cost, _ = key.priced_at(threads)
+    cost = op_cost_for(host.op_costs, key.op, t_cost)
+    rows = curve.cols if key.op == "ternary_skip" else curve.rows  # the skip's rows are its outputs
+    t_ref = ref.seconds[0]
+    fixed = 0.0 if cost is None else min(cost.call_s + cost.row_s * rows, 0.5 * t_ref)
+    return max(curve.seconds_at(ws) - fixed, 0.0) / (t_ref - fixed)
+
+
+def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, float] | None:
+    """(seconds, weight bytes) the curve-covered ops of ``work`` take beyond their
+    cache-resident cost at working set ``ws`` (each op's per-weight cost times its measured
+    slowdown there, minus one); None when the profile has no kernel curves."""
+    if not getattr(host, "op_curves", ()):
+        return None
+    extra = covered = 0.0
+    for key, w in work.items():
+        if key.op not in WEIGHT_BYTES_PER_UNIT:
+            continue
+        slow = _curve_slowdown(host, key, threads, ws)
+        t, divisor = key.priced_at(threads)
+        cost = op_cost_for(host.op_costs, key.op, t)
+        if slow is None or cost is None:
+            continue
+        extra += cost.unit_s * w.units * (slow - 1.0) / divisor
+        covered += w.units * WEIGHT_BYTES_PER_UNIT[key.op]
+    return extra, covered

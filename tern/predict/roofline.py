@@ -52,14 +52,22 @@ each pool's time is ``compute_s + stall_s``. ``compute_s`` prices the engine's w
 token (tern.predict.inventory.work_inventory: every matvec with its shape, the SSM scan,
 attention over the cached window, norms and activation quantization, routing, the
 head) with the costs the probe timed on cache-resident data; ``stall_s`` is the extra time
-the pool's bytes take because they come from further out than those timings' data:
-``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``. Compute and memory
-stalls are added, not overlapped: on one core the engine does not hide DRAM latency
-behind its arithmetic (the bare ternary kernel streams a 256 MiB matrix at 59 % of the
-read bandwidth on this kit's 2-core VM, which the sum predicts within a few percent and
-``max`` misses by 40 %). With threads > 1 only the bytes of ops the engine splits over
-threads (large matrices, expert-parallel experts) stream at the thread count's bandwidth;
-the rest one thread reads alone, at one thread's (tern.predict.inventory.parallel_byte_share).
+the pool's bytes take because they come from further out than those timings' data.
+
+How the engine's kernels overlap arithmetic with a memory stream differs from host to
+host, so it is measured, not assumed (profile version 3, ``HostProfile.op_curves`` from
+tern.probe.curves): each matvec kernel is timed over cycles of matrices from L2-sized to
+DRAM-sized working sets, at one thread and run the way the engine runs it with more
+threads (rows split, or experts in parallel). A matvec's per-weight cost at the pool's
+working set is its cache-resident cost times the measured slowdown there
+(tern.predict.inventory.curve_stall). Bytes no kernel curve covers (recurrent state,
+attention cache, element-wise work) stall as the plain read kernel's do:
+``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``; with threads > 1
+only the bytes of ops the engine splits over threads stream at the thread count's
+bandwidth, the rest at one thread's (tern.predict.inventory.parallel_byte_share).
+Profiles without kernel curves (versions 1 and 2) price every byte that way: compute and
+stall added, not overlapped, which held on the AMD host the kit was built on and
+mispredicts hosts that hide part of the stall.
 Bytes skipped by the activation skip
 (tern.predict.inventory.HIDDEN_DENSITY) are not read. Without op costs (an old profile, the
 reference PC) the plain roofline below applies.
@@ -73,11 +81,13 @@ are then memory-roof upper bounds for them.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
+from tern.core.host_caches import GIB, KIB
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
 from tern.core.host_queries import (
     bandwidth_gbps,
@@ -87,7 +97,13 @@ from tern.core.host_queries import (
     llc_capacity_bytes,
     memory_roof,
 )
-from tern.predict.inventory import parallel_byte_share, work_breakdown, work_inventory, work_seconds
+from tern.predict.inventory import (
+    curve_stall,
+    parallel_byte_share,
+    work_breakdown,
+    work_inventory,
+    work_seconds,
+)
 from tern.predict.pools import TwoPool, two_pool, two_pool_from_params
 
 POLICIES = ("reuse", "whole")
@@ -146,8 +162,40 @@ class Prediction:
         return asdict(self)
 
 
+_ENGINE_CONTEXT: dict[tuple[int, int], tuple[tuple, tuple[float, float]]] = {}
+
+
+def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
+    """(per-token overhead in s, engine-context factor) from the probe's engine runs
+    (tern.probe.engine_runs) at the thread count nearest ``threads``: the overhead is the
+    median of ``step_s - loop_s`` (Python and the call into numba); the factor the median
+    of ``(loop_s - predicted stall) / predicted op-cost compute`` of the same models — how
+    much longer the ops take in a token than alone. (0, 1) without engine runs."""
+    runs = host.engine_runs
+    if not runs or not host.op_costs:
+        return 0.0, 1.0
+    key = (id(runs), threads)
+    hit = _ENGINE_CONTEXT.get(key)
+    if hit is not None and hit[0] is runs:
+        return hit[1]
+    t = min({r.threads for r in runs}, key=lambda a: (abs(a - threads), -a))
+    mine = [r for r in runs if r.threads == t]
+    overhead = statistics.median(max(0.0, r.step_s - r.loop_s) for r in mine)
+    factors = []
+    for r in mine:
+        cfg = ModelConfig.from_dict(r.config)
+        p = predict_pools(two_pool(cfg, cfg.attn_window, engine_llc_bytes(host)), host, t, _engine=(0.0, 1.0))
+        compute = p.resident.compute_s + p.streamed.compute_s
+        stall = p.resident.stall_s + p.streamed.stall_s
+        if compute > 0:
+            factors.append(max(0.5, (r.loop_s - stall) / compute))
+    result = (overhead, statistics.median(factors) if factors else 1.0)
+    _ENGINE_CONTEXT[key] = (runs, result)
+    return result
+
+
 def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: str = "reuse",
-                  context: int | None = None) -> Prediction:
+                  context: int | None = None, _engine: tuple[float, float] | None = None) -> Prediction:
     """Predict decode speed of ``pools`` on ``host`` (see the module docstring)."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
@@ -159,6 +207,7 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     curve_t = min(avail, key=lambda a: (abs(a - threads), -a))
     overhead_s, eff = calibration(host, threads)
     hot = pools.hot_bytes
+    engine_overhead_s, ctx_factor = _engine if _engine is not None else (0.0, 1.0)
     ws = {"resident": pools.footprint_bytes if policy == "reuse" else hot, "streamed": hot}
     nbytes = {"resident": pools.resident_bytes + pools.state_bytes + pools.kv_bytes,
               "streamed": pools.streamed_bytes}
@@ -168,6 +217,9 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
             "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
     work_s = {name: work_seconds(w, host, threads) for name, w in work.items()} if host.op_costs else {}
     op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
+    if _engine is None and op_model:
+        engine_overhead_s, ctx_factor = engine_context(host, threads)
+    overhead_s += engine_overhead_s
     ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
     out = {}
     eff_1 = calibration(host, 1)[1] if op_model and threads > 1 else eff
@@ -180,11 +232,17 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
             # rest at one thread's (one core reads them while the other waits)
             share = parallel_byte_share(work[name], threads)
             bw_1 = bandwidth_gbps(host, ws[name], 1) * eff_1
-            stall_s = read[name] * (share * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
-                                    + (1.0 - share) * max(0.0, 1.0 / (bw_1 * 1e9) - 1.0 / (ref_bw_1 * 1e9)))
+            per_byte = (share * max(0.0, 1.0 / (bw * 1e9) - 1.0 / (ref_bw * 1e9))
+                        + (1.0 - share) * max(0.0, 1.0 / (bw_1 * 1e9) - 1.0 / (ref_bw_1 * 1e9)))
+            measured = curve_stall(work[name], host, threads, ws[name])
+            if measured is None:  # no kernel curves: every byte stalls as the read kernel's do
+                stall_s = read[name] * per_byte
+            else:  # the matvecs as their own kernels measured; state, caches and the rest as reads
+                extra_s, covered = measured
+                stall_s = extra_s + max(read[name] - covered, 0.0) * per_byte
             mem_s = read[name] * (share / (bw * 1e9) + (1.0 - share) / (bw_1 * 1e9))
             bw = read[name] / mem_s / 1e9 if mem_s > 0 else bw  # the effective mix
-            comp_s = work_s[name]
+            comp_s = work_s[name] * ctx_factor
             time_s = comp_s + stall_s
         else:
             mem_s = nbytes[name] / (bw * 1e9)
@@ -285,20 +343,11 @@ def feasibility_grid(host: HostProfile, total_params: float, actives: list[float
             for t in threads]
 
 
-# ---- the reference PC ----------------------------------------------------------------------
-KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
-
-
-# ---- CLI: tern predict --------------------------------------------------------------------
-
-
+# ---- where a token's time goes ---------------------------------------------------------------
 def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int | None = None) -> dict[str, float]:
     """Predicted seconds per token by component: each op's compute (both pools), the
     memory stall of each pool, and the per-token overhead (tern.predict.roofline.predict's split;
     the values sum to its s_per_token). Needs a profile with op costs."""
-    from tern.core.host_queries import engine_llc_bytes
-    from tern.predict.roofline import predict
-
     if not host.op_costs:
         raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
     p = predict(cfg, host, threads, context)

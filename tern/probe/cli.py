@@ -77,5 +77,10 @@ def cli_render(result: dict[str, Any]) -> str:
 
         parts.append("engine op costs (seconds = call + row x rows + unit x units + tail x partial rows)\n"
                      + render_costs(prof.op_costs))
+    if prof.op_curves:
+        from tern.probe.curves import render_curves
+
+        parts.append("engine kernels from L2 to DRAM (ns per weight byte read, at each working set)\n"
+                     + render_curves(list(prof.op_curves)))
     parts += [f"saved {result['profile_path']}"]
     return "\n\n".join(parts)

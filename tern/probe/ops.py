@@ -22,8 +22,10 @@ attention          ops.attend (all heads, n cached positions)            call + 
 vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
 =================  ====================================================  ================
 
-The ternary matvecs also fit ``tail x rows`` for matrices whose column count is not a
-multiple of 256: the last, partial segment of every row takes masked loads.
+A third term ``tail x tails`` (:func:`tail_units`) covers what the first two do not: the
+ternary matvecs' rows whose column count is not a multiple of 256 (the last, partial
+segment takes masked loads), the skip kernel's input rows over such outputs, the SSM
+step's per-channel work and attention's per-(position, head) work.
 
 ``row`` is a per-row (per-channel) cost: short rows pay it once per row whatever their
 length, which is why small matrices run far below a kernel's large-shape G ops/s.
@@ -72,9 +74,11 @@ _QUICK_SHAPES = {
 # (Di, N, R); dt_rank R varies apart from Di so the fit separates the dt projection (Di x R)
 # from the scan (Di x N)
 _SSM_SHAPES = ((256, 16, 16), (512, 16, 32), (1024, 16, 64), (512, 8, 32), (256, 32, 16), (512, 16, 128),
+               (768, 16, 24), (1536, 16, 48),
                (1024, 16, 128))
 _SSM_QUICK = (0, 4, 5)
-_ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64))  # (D, heads, n)
+_ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64), (384, 6, 128),
+                (768, 12, 64), (384, 12, 128))  # (D, heads, n)
 _VECTOR_SIZES = (128, 512, 2048, 8192)
 
 
@@ -247,8 +251,23 @@ def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingCon
         run, rows, units = _setup(op, shape, threads, rng)
         t = timed_runs(run, timing, fixed_cost_check=threads > 1)
     per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
-    tails = rows if op in ("ternary_matvec", "ternary_stream") and shape[1] % 256 else 0
-    return OpSample(op, threads, rows, units, per_call["median"], tails)
+    return OpSample(op, threads, rows, units, per_call["median"], tail_units(op, shape))
+
+
+def tail_units(op: str, shape: tuple[int, ...]) -> int:
+    """The third term of an op's cost at ``shape`` (OpCost.tail_s): ternary matvecs, rows
+    whose last 256-column segment is partial (masked loads); the skip kernel, input rows
+    whose outputs end in a partial segment; the SSM step, its channels (element-wise work
+    per channel: gating, D skip); attention, its (position, head) pairs (scores, softmax)."""
+    if op in ("ternary_matvec", "ternary_stream"):
+        return shape[0] if shape[1] % 256 else 0
+    if op == "ternary_skip":
+        return shape[0] if shape[1] % 256 else 0
+    if op == "ssm_step":
+        return shape[0]
+    if op == "attention":
+        return shape[1] * shape[2]
+    return 0
 
 
 # ---- fitting -------------------------------------------------------------------------------
@@ -281,7 +300,7 @@ def fit_cost(samples: list[OpSample]) -> OpCost:
     has_rows = any(s.rows for s in samples)
     has_tails = any(s.tails for s in samples)
     cols = [[1.0, float(s.rows) if has_rows else 0.0, s.units, float(s.tails)] for s in samples]
-    keep = [0, 1, 2, 3] if has_rows and has_tails else [0, 1, 2] if has_rows else [0, 2]
+    keep = [0] + ([1] if has_rows else []) + [2] + ([3] if has_tails else [])
     A = np.array(cols)[:, keep] / np.array([[s.seconds] for s in samples])
     x = np.zeros(4)
     x[keep] = nnls(A, np.ones(len(samples)))

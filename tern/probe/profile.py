@@ -55,6 +55,8 @@ class ProbeConfig:
     quick: bool = False
     sys_root: str = "/sys"
     op_costs: bool = True  # time the engine's operations (tern.probe.ops) for the roofline
+    op_curves: bool = True  # time the engine's matvecs from L2 to DRAM (tern.probe.curves)
+    engine_runs: bool = True  # time the engine itself on small models (tern.probe.engine_runs)
 
     def __post_init__(self) -> None:
         for r, c in self.kernel_sizes:
@@ -173,6 +175,17 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
 
         op_costs = measure_op_costs(sc.thread_counts, quick=config.quick, progress=progress,
                                     timing=config.kernel_timing if config.quick else None)
+    op_curves = []
+    if config.op_curves and config.op_costs:
+        from tern.probe.curves import measure_op_curves
+
+        op_curves = measure_op_curves(sc.thread_counts, quick=config.quick, progress=progress,
+                                      max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024))
+    engine_runs = []
+    if config.engine_runs and config.op_costs:
+        from tern.probe.engine_runs import measure_engine_runs
+
+        engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress)
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1))
     try:
         layer = numba.threading_layer()
@@ -192,7 +205,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     })
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
-                          kernels=tuple(kernels), op_costs=tuple(op_costs))
+                          kernels=tuple(kernels), op_costs=tuple(op_costs),
+                          op_curves=tuple(op_curves), engine_runs=tuple(engine_runs))
     if out is not None:
         profile.save(out)
     return profile

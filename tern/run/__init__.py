@@ -7,6 +7,9 @@ from tern.core.lazy import lazy_exports
 
 _EXPORTS = {
     "Engine": "engine",
+    "time_in_numba": "timing",
+    "time_njit": "timing",
+    "time_steps": "timing",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

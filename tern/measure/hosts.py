@@ -1,0 +1,211 @@
+"""Committed hosts: each host the kit was measured on, kept as a small data folder so that
+every later change to the prediction model is checked against hosts you are not on.
+
+``benchmarks/hosts/<label>/`` holds
+
+* ``host_profile.json`` — the probe's profile of that host (tern.probe);
+* ``sweep.jsonl`` — its fresh decode measurements (tern.measure.sweep rows: the full
+  ModelConfig, threads, measured tok/s and its spread), measured with nothing reused;
+* ``host.json`` — what the host was: CPU, numba target (``NUMBA_CPU_NAME`` /
+  ``NUMBA_CPU_FEATURES``), date, commit, a note.
+
+:func:`repredict` predicts every row again from the committed profile alone (no
+calibration), and :func:`accuracy_report` gives the figures the prediction issue targets:
+the share within +-20 %, the median |measured / predicted - 1|, by region (cache-resident,
+cache edge, DRAM-bound: the model's hot working set against the last cache tier the
+measured read curve shows) and the worst points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tern.core.config import ModelConfig
+from tern.core.host_profile import HostProfile
+from tern.core.host_queries import effective_llc_bytes
+from tern.core.paths import repo_root
+from tern.core.records import atomic_write_json, read_jsonl, run_metadata
+from tern.predict.roofline import predict
+
+TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within"
+REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
+ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "repeats", "warmup",
+            "tok_per_s", "tok_per_s_min", "tok_per_s_max", "samples_tok_per_s", "hot_bytes", "active_bytes",
+            "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions")
+
+
+def hosts_root() -> Path:
+    """``benchmarks/hosts`` of the checkout (the committed hosts ship with the repository)."""
+    root = repo_root()
+    if root is None:
+        raise ValueError("committed hosts live in a tern checkout (benchmarks/hosts); none was found")
+    return root / "benchmarks" / "hosts"
+
+
+@dataclass(frozen=True)
+class CommittedHost:
+    label: str
+    profile: HostProfile
+    rows: tuple[dict[str, Any], ...]
+    meta: dict[str, Any]
+
+
+def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | list[dict[str, Any]],
+              root: str | os.PathLike | None = None, note: str = "") -> Path:
+    """Commit a host: copy its profile, keep the measured sweep rows (the fields needed to
+    predict them again, not the predictions), and record what the host was."""
+    if not label or any(c in label for c in "/\\ ") or label.startswith("."):
+        raise ValueError(f"host label must be a plain folder name, got {label!r}")
+    prof = HostProfile.load(profile)
+    src = list(read_jsonl(rows)) if not isinstance(rows, list) else rows
+    kept = [{k: r[k] for k in ROW_KEYS if k in r} for r in src if r.get("kind") == "sweep_point"]
+    if not kept:
+        raise ValueError(f"no sweep_point rows in {rows}")
+    out = Path(root) if root is not None else hosts_root()
+    folder = out / label
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(profile, folder / "host_profile.json")
+    tmp = folder / ".sweep.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    os.replace(tmp, folder / "sweep.jsonl")
+    meta = run_metadata(1)
+    meta.update({"label": label, "cpu": prof.host.get("cpu_model") or meta.get("cpu"), "note": note,
+                 "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
+                 "numba_cpu_features": os.environ.get("NUMBA_CPU_FEATURES", ""), "points": len(kept)})
+    atomic_write_json(folder / "host.json", meta)
+    return folder
+
+
+def load_hosts(root: str | os.PathLike | None = None) -> list[CommittedHost]:
+    """Every committed host under ``root`` (default :func:`hosts_root`), by label."""
+    base = Path(root) if root is not None else hosts_root()
+    out = []
+    for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
+        prof_path, rows_path = folder / "host_profile.json", folder / "sweep.jsonl"
+        if not (prof_path.exists() and rows_path.exists()):
+            continue
+        meta_path = folder / "host.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        out.append(CommittedHost(folder.name, HostProfile.load(prof_path), tuple(read_jsonl(rows_path)), meta))
+    return out
+
+
+def region_of(hot_bytes: float, llc_bytes: int) -> str:
+    """cache-resident (hot working set within half the last cache tier), cache edge (up to
+    twice it) or DRAM-bound."""
+    if llc_bytes <= 0 or hot_bytes > 2 * llc_bytes:
+        return "DRAM-bound"
+    return "cache-resident" if hot_bytes <= 0.5 * llc_bytes else "cache edge"
+
+
+def uncalibrated(profile: HostProfile) -> HostProfile:
+    """The profile without its calibration keys: the probe-only prediction."""
+    return replace(profile, calibration={})
+
+
+def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: HostProfile,
+              calibrated: bool = False) -> list[dict[str, Any]]:
+    """Every measured row predicted again from ``profile`` (probe only unless ``calibrated``):
+    name, family, threads, measured and predicted tok/s, ratio, region, hot bytes."""
+    host = profile if calibrated else uncalibrated(profile)
+    out = []
+    for r in rows:
+        cfg = ModelConfig.from_dict(r["config"])
+        p = predict(cfg, host, int(r["threads"]))
+        llc = effective_llc_bytes(host, int(r["threads"]))
+        out.append({"name": r["name"], "family": r.get("family"), "threads": int(r["threads"]),
+                    "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,
+                    "ratio": float(r["tok_per_s"]) / p.tok_per_s, "hot_bytes": p.hot_bytes,
+                    "region": region_of(p.hot_bytes, llc), "model": p.model})
+    return out
+
+
+def _summary(points: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [abs(p["ratio"] - 1.0) for p in points]
+    return {"n": len(points), "within_20pct": sum(e <= TARGET_WITHIN for e in errs) / len(errs) if errs else None,
+            "median_abs_err": statistics.median(errs) if errs else None,
+            "median_ratio": statistics.median(p["ratio"] for p in points) if points else None}
+
+
+def accuracy_report(points: list[dict[str, Any]], worst: int = 3) -> dict[str, Any]:
+    """Overall and per-region accuracy of re-predicted points, and the ``worst`` points."""
+    rep = _summary(points)
+    rep["by_region"] = {reg: _summary([p for p in points if p["region"] == reg]) for reg in REGIONS
+                        if any(p["region"] == reg for p in points)}
+    rep["worst"] = sorted(points, key=lambda p: -abs(p["ratio"] - 1.0))[:worst]
+    return rep
+
+
+def hosts_report(root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Per committed host: its accuracy probe-only (and calibrated when it has a calibration)."""
+    out = {}
+    for h in load_hosts(root):
+        entry = {"meta": {k: h.meta.get(k) for k in ("cpu", "numba_cpu_name", "note", "git_commit", "timestamp")},
+                 "probe_only": accuracy_report(repredict(h.rows, h.profile))}
+        if h.profile.calibration:
+            entry["calibrated"] = accuracy_report(repredict(h.rows, h.profile, calibrated=True))
+        out[h.label] = entry
+    return out
+
+
+def render_hosts_report(rep: dict[str, Any]) -> str:
+    lines = []
+    for label, e in rep.items():
+        a = e["probe_only"]
+        lines.append(f"{label}  ({e['meta'].get('cpu')}, numba cpu {e['meta'].get('numba_cpu_name') or 'host'})")
+        lines.append(f"  probe only: {a['n']} points, {100 * a['within_20pct']:.0f} % within +-20 %, median "
+                     f"|error| {100 * a['median_abs_err']:.1f} %, median measured/predicted {a['median_ratio']:.3f}")
+        for reg, s in a["by_region"].items():
+            lines.append(f"    {reg:<15} n={s['n']:<3} within +-20 %: {100 * s['within_20pct']:.0f} %  "
+                         f"median |error| {100 * s['median_abs_err']:.1f} %")
+        for w in a["worst"]:
+            lines.append(f"    worst: {w['name']} t{w['threads']} ratio {w['ratio']:.3f} ({w['region']})")
+        if "calibrated" in e:
+            c = e["calibrated"]
+            lines.append(f"  calibrated: {100 * c['within_20pct']:.0f} % within +-20 %, median |error| "
+                         f"{100 * c['median_abs_err']:.1f} %")
+    return "\n".join(lines) if lines else "no committed hosts"
+
+
+def measure_10b_pick(profile: HostProfile, results: str | os.PathLike, threads: tuple[int, ...] = (1, 2),
+                     target_tok_per_s: float = 100.0) -> list[dict[str, Any]]:
+    """The ~10B-total config the design search picks on ``profile`` (probe only, at 1
+    thread, as notebook 08 does), built and measured at ``threads``: its rows (family
+    "10b") are appended to ``results``/bench/sweep.jsonl, so a committed host carries them."""
+    from tern.measure.sweep import SweepPoint, run_sweep
+    from tern.predict.toward_10b import pick_10b
+
+    host = uncalibrated(profile)
+    pick, _, _ = pick_10b(host, target_tok_per_s, threads=1)
+    out = Path(results)
+    pts = [SweepPoint("10b", "10b", pick.config, t) for t in threads]
+    return run_sweep(pts, out / "bench" / "sweep.jsonl", out / "models", host)
+
+
+TARGETS = {"within_20pct": 0.95, "median_abs_err": 0.07}
+
+
+def verdict_text(rep: dict[str, Any], label: str = "this host") -> str:
+    """One sentence: whether ``rep`` (accuracy_report) meets the prediction targets, and
+    by how much it misses them when it does not."""
+    misses = []
+    if rep.get("within_20pct") is None:
+        return f"{label}: no points to judge."
+    if rep["within_20pct"] < TARGETS["within_20pct"]:
+        misses.append(f"{100 * rep['within_20pct']:.0f} % of points within ±20 % (target ≥ "
+                      f"{100 * TARGETS['within_20pct']:.0f} %)")
+    if rep["median_abs_err"] > TARGETS["median_abs_err"]:
+        misses.append(f"median |error| {100 * rep['median_abs_err']:.1f} % (target ≤ "
+                      f"{100 * TARGETS['median_abs_err']:.0f} %)")
+    if not misses:
+        return (f"{label}: the probe-only prediction meets the targets — {100 * rep['within_20pct']:.0f} % "
+                f"of {rep['n']} points within ±20 %, median |error| {100 * rep['median_abs_err']:.1f} %.")
+    w = rep["worst"][0] if rep.get("worst") else None
+    worst = f"; worst {w['name']} at {w['threads']} thread(s), measured/predicted {w['ratio']:.2f}" if w else ""
+    return f"{label}: the probe-only prediction MISSES its targets: " + " and ".join(misses) + worst + "."

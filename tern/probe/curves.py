@@ -1,0 +1,267 @@
+"""Kernel working-set curves: the engine's own matvec kernels timed over buffers that span
+every tier from L2 to DRAM, at 1 and all threads.
+
+The op costs (tern.probe.ops) price the engine's work on cache-resident data. How much
+slower a kernel runs when its weights come from further out depends on how the kernel
+overlaps its arithmetic with the memory stream, and that differs from host to host (one
+core that adds the two, another that hides most of the stall). So it is measured, not
+assumed: each weight-reading op runs over a cycle of ``k`` matrices of one shape whose
+bytes add up to the working set ``W`` — every matrix is read once per cycle, as every
+weight of a pool is read once per token — and the seconds per call are recorded at each
+``W``. The predictor (tern.predict.roofline) scales each op's per-weight cost by the
+curve's slowdown at the pool's working set.
+
+Three ways an op runs at ``threads`` > 1, as the engine runs it (tern.kernels.policy,
+tern.kernels.ops):
+
+* ``serial`` — one thread (the curve is timed at 1 thread);
+* ``rows``  — the parallel kernel splits one matrix's rows over the threads;
+* ``experts`` — ``threads`` chosen experts at once, each on one thread with the
+  single-thread kernel (expert-parallel routed experts).
+
+Shapes (rows x cols; 256 KiB of weights per matrix at least): the 4-row ternary pass on
+256-byte rows, the streaming pass on 1 KiB rows (the engine streams 320 B - 4 KB rows of
+DRAM-resident pools), the activation-skip kernel with a quarter of its inputs nonzero
+(tern.predict.inventory.HIDDEN_DENSITY at random initialisation; skipped rows are not
+read), the int8 and fp32 matvecs of heads and routers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+import numba
+import numpy as np
+
+from tern.core.host_caches import KIB, MIB
+from tern.core.host_profile import OpCurve
+from tern.core.records import summarize
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.probe.bandwidth import numba_threads
+from tern.probe.timing import TimingConfig, timed_runs
+
+# op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
+CURVE_SHAPES = {
+    "ternary_matvec": (1024, 1024),
+    "ternary_stream": (256, 4096),
+    "ternary_skip": (1024, 1024),
+    "int8_matvec": (512, 512),
+    "fp32_matvec": (256, 256),
+}
+PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
+    "ternary_matvec": (1024, 1024),
+    "ternary_stream": (256, 4096),
+    "ternary_skip": (1024, 1024),
+    "int8_matvec": (1024, 1024),
+    "fp32_matvec": (1024, 1024),
+}
+EXPERT_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip")
+SKIP_DENSITY = 0.25  # fraction of nonzero inputs of the skip kernel's curve
+WORKING_SETS = tuple(int(256 * KIB * 2 ** i) for i in range(0, 10)) + (512 * MIB,)  # 256 KiB .. 128 MiB, 512 MiB
+QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+
+
+def _weight_bytes(op: str, rows: int, cols: int) -> int:
+    """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
+    if op.startswith("ternary"):
+        return rows * ((cols + 3) // 4)
+    return rows * cols * (1 if op == "int8_matvec" else 4)
+
+
+# ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
+def _drivers() -> dict[str, Callable]:
+    from tern.kernels import kernels_dense as kd
+    from tern.kernels import kernels_ternary as kt
+    from tern.kernels import ops
+
+    @numba.njit(cache=True)
+    def ternary(P, S, xq, out, passes, par, skip, stream):
+        """P (k, rows, row_bytes): every matrix once per pass."""
+        xs = np.float32(0.01)
+        for _ in range(passes):
+            for m in range(P.shape[0]):
+                if skip and par:
+                    kt.ternary_matvec_skip_par(P[m], S, xq, xs, out)
+                elif skip:
+                    kt.ternary_matvec_skip(P[m], S, xq, xs, out)
+                elif stream and par:
+                    kt.ternary_matvec_stream_par(P[m], S, xq, xs, out)
+                elif stream:
+                    kt.ternary_matvec_stream(P[m], S, xq, xs, out)
+                elif par:
+                    kt.ternary_matvec_par(P[m], S, xq, xs, out)
+                else:
+                    kt.ternary_matvec(P[m], S, xq, xs, out)
+
+    @numba.njit(cache=True, parallel=True)
+    def ternary_experts(P, S, xq, outs, passes, skip, stream):
+        """Groups of ``outs.shape[0]`` matrices at once, one per thread slot, each with the
+        single-thread kernel (the engine's expert-parallel routed experts)."""
+        xs = np.float32(0.01)
+        slots = outs.shape[0]
+        for _ in range(passes):
+            for base in range(0, P.shape[0] - slots + 1, slots):
+                for c in numba.prange(slots):
+                    if skip:
+                        kt.ternary_matvec_skip(P[base + c], S, xq, xs, outs[c])
+                    elif stream:
+                        kt.ternary_matvec_stream(P[base + c], S, xq, xs, outs[c])
+                    else:
+                        kt.ternary_matvec(P[base + c], S, xq, xs, outs[c])
+
+    @numba.njit(cache=True)
+    def int8(W, S, x, out, passes, par):
+        for _ in range(passes):
+            for m in range(W.shape[0]):
+                if par:
+                    ops.matvec_int8w_par(W[m], S, x, out)
+                else:
+                    ops.matvec_int8w(W[m], S, x, out)
+
+    @numba.njit(cache=True)
+    def fp32(W, x, out, passes, par):
+        for _ in range(passes):
+            for m in range(W.shape[0]):
+                if par:
+                    kd.matvec_fp32_parallel_nb(W[m], x, out)
+                else:
+                    kd.matvec_fp32_nb(W[m], x, out)
+
+    drop_stale_cache(__file__, _DRIVER_DEPS, ternary)
+    return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "fp32": fp32}
+
+
+_DRIVER_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
+                                              "kernels_dense.py", "fastmath.py"))
+_DRIVERS: dict[str, Callable] | None = None
+
+
+def drivers() -> dict[str, Callable]:
+    global _DRIVERS
+    if _DRIVERS is None:
+        _DRIVERS = _drivers()
+    return _DRIVERS
+
+
+class CurveBuffer:
+    """One buffer of weight bytes reused by every curve (filled once: untouched pages of a
+    fresh allocation would all map to the zero page and read from cache). Bytes 0x30-0x3F
+    keep fp32 views normal numbers (no denormal slow paths) and are valid int8 weights;
+    the ternary kernels' time does not depend on the codes."""
+
+    def __init__(self, max_bytes: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.data = (rng.integers(0x30, 0x40, size=max_bytes, dtype=np.uint8))
+
+    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if n > self.data.size:
+            raise ValueError(f"curve buffer of {self.data.size} B is smaller than the {n} B asked for")
+        return self.data[:n].view(dtype).reshape(shape)
+
+
+def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: int, buf: CurveBuffer,
+           rng: np.random.Generator) -> Callable[[int], None]:
+    d = drivers()
+    f32 = np.float32
+    r, c = shape
+    par = split == "rows"
+    if op.startswith("ternary"):
+        rb = (c + 3) // 4
+        P = buf.view(np.uint8, (n_mats, r, rb))
+        skip, stream = op == "ternary_skip", op == "ternary_stream"
+        if skip:  # (inputs r, outputs c): a quarter of the inputs nonzero, at random
+            xq = np.where(rng.random(r) < SKIP_DENSITY, rng.integers(1, 128, r), 0).astype(np.int8)
+            n_out = c
+        else:
+            xq = rng.integers(-127, 128, c).astype(np.int8)
+            n_out = r
+        S = np.ones(n_out, f32)
+        if split == "experts":
+            outs = np.zeros((threads, n_out), f32)
+            return lambda n: d["ternary_experts"](P, S, xq, outs, n, skip, stream)
+        out = np.zeros(n_out, f32)
+        return lambda n: d["ternary"](P, S, xq, out, n, par, skip, stream)
+    if op == "int8_matvec":
+        W = buf.view(np.int8, (n_mats, r, c))
+        S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return lambda n: d["int8"](W, S, x, out, n, par)
+    if op == "fp32_matvec":
+        W = buf.view(np.float32, (n_mats, r, c))
+        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return lambda n: d["fp32"](W, x, out, n, par)
+    raise ValueError(f"no working-set curve for op {op!r}; ops: {sorted(CURVE_SHAPES)}")
+
+
+def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
+                  timing: TimingConfig | None = None, seed: int = 0) -> OpCurve:
+    """Seconds per matvec of ``op`` (run as ``split`` on ``threads`` threads) at each
+    working set: a cycle of matrices of the op's curve shape adding up to it."""
+    timing = timing or TimingConfig(min_time_s=0.03, repeats=3, warmup_s=0.01)
+    shape = (PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES)[op]
+    mat_bytes = _weight_bytes(op, *shape)
+    group = threads if split == "experts" else 1
+    rng = np.random.default_rng(seed)
+    points = []
+    with numba_threads(threads if split != "serial" else 1):
+        for ws in working_sets:
+            n_mats = max(group, int(round(ws / mat_bytes)) // group * group)
+            if n_mats * mat_bytes > buf.data.size or (points and n_mats * mat_bytes <= points[-1][0]):
+                continue  # too large for the buffer, or the same cycle as the last point
+            run = _setup(op, split, threads, shape, n_mats, buf, rng)
+            run(1)  # compile / load from the cache, touch the pages
+            t = timed_runs(run, timing, fixed_cost_check=False)
+            # seconds per call on one thread: with experts, ``group`` calls run at once
+            calls = n_mats / group
+            per_call = summarize([s / (c * calls) for c, s in zip(t.counts, t.seconds, strict=True)])
+            points.append((n_mats * mat_bytes, per_call["median"], per_call["min"], per_call["max"]))
+    return OpCurve(op=op, split=split, threads=threads if split != "serial" else 1, rows=shape[0],
+                   cols=shape[1], density=SKIP_DENSITY if op == "ternary_skip" else 1.0,
+                   working_set_bytes=tuple(p[0] for p in points), seconds=tuple(p[1] for p in points),
+                   seconds_min=tuple(p[2] for p in points), seconds_max=tuple(p[3] for p in points))
+
+
+def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str, str, int]]:
+    """(op, split, threads) of every curve a probe measures (quick: the 1-thread ternary ones)."""
+    if quick:
+        return [(op, "serial", 1) for op in ("ternary_matvec", "ternary_stream", "ternary_skip")]
+    plan = [(op, "serial", 1) for op in CURVE_SHAPES]
+    for t in threads:
+        if t > 1:
+            plan += [(op, "rows", t) for op in PAR_CURVE_SHAPES]
+            plan += [(op, "experts", t) for op in EXPERT_OPS]
+    return plan
+
+
+def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
+                      timing: TimingConfig | None = None, max_bytes: int | None = None) -> list[OpCurve]:
+    """Every curve of :func:`curve_plan` over the probe's working sets."""
+    from tqdm import tqdm
+
+    sets = QUICK_WORKING_SETS if quick else WORKING_SETS
+    if max_bytes is not None:
+        sets = tuple(w for w in sets if w <= max_bytes) or sets[:1]
+    buf = CurveBuffer(max(sets))
+    plan = curve_plan(threads, quick)
+    out = []
+    for op, split, t in tqdm(plan, desc="kernel curves", unit="curve", disable=not progress, leave=False,
+                             file=sys.stderr, mininterval=0.5):
+        out.append(measure_curve(op, split, t, sets, buf, timing))
+    return out
+
+
+def render_curves(curves: list[OpCurve]) -> str:
+    """Per curve: ns per weight byte at each working set (smaller is faster)."""
+    lines = []
+    for c in curves:
+        per_byte = [s / _weight_bytes(c.op, c.rows, c.cols) * 1e9 / c.density for s in c.seconds]
+        pts = " ".join(f"{_fmt_ws(w)}:{g:.3f}" for w, g in zip(c.working_set_bytes, per_byte, strict=True))
+        lines.append(f"{c.op:<15} {c.split:<8} t{c.threads}  ns/B  {pts}")
+    return "\n".join(lines)
+
+
+def _fmt_ws(n: int) -> str:
+    e = int(math.log2(n))
+    return f"{n >> 20}M" if e >= 20 else f"{n >> 10}K"
