@@ -2,8 +2,8 @@
 
 A notebook run by papermill / nbclient stores what a live front end would have redrawn:
 
-* a text progress bar (tqdm on stderr) as hundreds of ``\\r``-separated stream chunks,
-  which a static page shows as hundreds of lines;
+* a text progress bar (tqdm on stderr) as hundreds of ``\\r``-separated stream chunks
+  (nested bars also move the cursor up), which a static page shows as hundreds of lines;
 * a widget progress bar (``tqdm.auto`` in a kernel) as a widget view whose text is its
   state at display time (0 %) and whose final state sits in the notebook's widget
   metadata, which a page renders only with the widget JavaScript from a CDN.
@@ -26,25 +26,36 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 _PROGRESS_MODELS = ("FloatProgressModel", "IntProgressModel")
 _TAG = re.compile(r"<[^>]*>")
+_CURSOR_UP = re.compile(r"\x1b\[(\d*)A")
+_CONTROLS = re.compile(r"(\r|\n|\x1b\[\d*A)")
 
 
 def collapse_cr(text: str) -> str:
-    """Each line as it stood on a terminal after its ``\\r`` rewrites (each segment after a
-    carriage return overwrites the line from its first column); a line left blank (a
-    ``leave=False`` bar clears itself with spaces) is dropped."""
-    if "\r" not in text:
+    """``text`` as a terminal would show it after its rewrites: ``\\r`` returns to the
+    first column, ``\\n`` goes down a line, ``ESC[nA`` up n lines (tqdm's nested bars), and
+    what is written overwrites what was there. Text without those controls is returned as
+    it is; with them, lines left blank (a ``leave=False`` bar clears itself with spaces)
+    are dropped."""
+    if "\r" not in text and not _CURSOR_UP.search(text):
         return text
-    out = []
-    for line in text.split("\n"):
-        if "\r" not in line:
-            out.append(line)
+    lines, row, col = [""], 0, 0
+    for tok in _CONTROLS.split(text):
+        if not tok:
             continue
-        screen = ""
-        for seg in line.split("\r"):
-            screen = seg + screen[len(seg):]
-        if screen.strip():
-            out.append(screen.rstrip())
-    return "\n".join(out)
+        if tok == "\n":
+            row, col = row + 1, 0
+            if row == len(lines):
+                lines.append("")
+        elif tok == "\r":
+            col = 0
+        elif _CURSOR_UP.fullmatch(tok):
+            row = max(0, row - int(tok[2:-1] or 1))
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + tok + line[col + len(tok):]
+            col += len(tok)
+    kept = [ln.rstrip() for ln in lines if ln.strip()]
+    return "\n".join(kept) + ("\n" if kept and text.endswith("\n") else "")
 
 
 def merge_streams(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -24,6 +24,9 @@ def _stream(text, name="stderr"):
     ("\rbar 0%\rbar 50%\rbar 100%\n", "bar 100%\n"),
     ("abc\rX", "Xbc"),  # a shorter rewrite leaves the tail of the line
     ("before\n\rk 0%\rk 100%\r        \rafter\n", "before\nafter\n"),  # a cleared (leave=False) bar
+    # a nested bar (tqdm position 1) under an outer one: down a line, redraw, back up
+    ("\rsweep 0%\n\rmodel 0%\x1b[A\n\rmodel 50%\x1b[A\n\rmodel 100%\x1b[A\rsweep 100%\n",
+     "sweep 100%\nmodel 100%\n"),
 ])
 def test_collapse_cr(text, shown):
     assert collapse_cr(text) == shown
