@@ -32,3 +32,10 @@ def small_cfg() -> ModelConfig:
 @pytest.fixture(scope="session")
 def train_tiny_cfg() -> ModelConfig:
     return TRAIN_TINY
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    """``err`` (a command's stderr) is exactly one line, no traceback, holding every needle."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), (needles, err)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tern.measure.ladder import render_ladder, run_ladder
+from tern.measure.peers import JSON_FIELDS as PEERS_FIELDS
+from tern.measure.peers import cli_configure_peers, cli_run_peers, render_peers
 from tern.measure.sweep import (
     accuracy,
     calibrate,
@@ -54,7 +56,8 @@ JSON_FIELDS = """\
     host, cpu, threads, versions, git_commit, timestamp}]
   sweep: bench, records, host, calibration {per_token_overhead_s[_tN], bandwidth_efficiency[_tN]},
     points: [see tern.measure.sweep.JSON_FIELDS], accuracy {n, median_ratio, worst_ratio, within_25pct},
-    pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]"""
+    pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]
+""" + PEERS_FIELDS
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
@@ -127,4 +130,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
                _configure_ladder, _run_ladder, render_ladder),
     "sweep": ("decode sweeps from cache-resident to DRAM-bound: measured vs predicted tok/s",
               cli_configure_sweep, cli_run_sweep, cli_render_sweep),
+    "peers": ("tern's engine beside llama.cpp's llama-bench on models of the same dimensions: "
+              "tok/s, GB/s end to end, fraction of read bandwidth",
+              cli_configure_peers, cli_run_peers, render_peers),
 }

@@ -6,6 +6,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ from tern.packed.format import (
     _header_digest,
     file_layout,
 )
+
+# what check="header" leaves unverified (load_packed)
+HEADER_CHECK_SKIPS = ("tensor data crc32 (flipped bits in the weights)", "non-finite (NaN / inf) weights",
+                      "invalid ternary codes")
 
 
 @dataclass
@@ -94,22 +99,46 @@ def to_float32(a: np.ndarray, fmt: str) -> np.ndarray:
     return a.astype(np.float32)
 
 
-def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
-    """The parsed JSON header of a packed file and its length in bytes (ValueError when
-    the file is not a readable safetensors container)."""
+def regular_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file ("does not exist", "is a directory, not a
+    file", ...), or None when it is a regular file."""
     path = Path(path)
-    if not path.is_file():
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a device, pipe or socket)"
+    return None
+
+
+def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
+    """The parsed JSON header of a packed file and its length in bytes (FileNotFoundError
+    when it does not exist; ValueError when it is not a regular file or not a readable
+    safetensors container)."""
+    path = Path(path)
+    problem = regular_file_problem(path)
+    if problem == "does not exist":
         raise FileNotFoundError(f"packed model {path} does not exist")
+    if problem:
+        raise ValueError(f"packed model {path} {problem}")
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path}: not a packed model (file of {size} bytes is too short)")
-        (n,) = struct.unpack("<Q", head)
-        if n < 2 or n > MAX_HEADER_BYTES or 8 + n > size:
-            raise ValueError(f"{path}: not a packed model or truncated (header length {n} bytes, "
-                             f"file {size} bytes)")
-        raw = f.read(n)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{path}: not a packed model (file of {size} bytes is too short)")
+            (n,) = struct.unpack("<Q", head)
+            if n < 2 or n > MAX_HEADER_BYTES or 8 + n > size:
+                raise ValueError(f"{path}: not a packed model or truncated (header length {n} bytes, "
+                                 f"file {size} bytes)")
+            raw = f.read(n)
+    except OSError as e:
+        raise ValueError(f"packed model {path} cannot be read ({e.strerror or e})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -117,6 +146,10 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         raise ValueError(f"{path}: header has no __metadata__ dict: not a tern packed model")
     return header, n
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _meta_json(path: Path, meta: dict[str, Any], key: str) -> Any:
@@ -135,6 +168,12 @@ def load_packed(path: str | os.PathLike, check: str = "full") -> PackedModel:
     dtype/shape/packing against the config, data offsets inside the file and finite scales;
     ``"full"`` also verifies each tensor's crc32 and that every ternary code is valid (reads
     the whole file once).
+
+    What ``"header"`` does NOT cover (:data:`HEADER_CHECK_SKIPS`): the tensor data itself.
+    A flipped bit in the weights, NaN / inf weights and invalid ternary codes all pass it,
+    and an engine on such a file decodes garbage. Use it only for a file that passed a full
+    check before (e.g. re-opening a just-written file); ``tern generate`` and ``Engine``
+    default to ``"full"``.
     """
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
@@ -160,7 +199,12 @@ def load_packed(path: str | os.PathLike, check: str = "full") -> PackedModel:
         raise ValueError(f"{path}: per-tensor packing metadata does not match what this tern "
                          f"writes for the config")
     tokenizer = _meta_json(path, meta, "tokenizer")
+    if tokenizer is not None and not (isinstance(tokenizer, dict) and isinstance(tokenizer.get("name"), str)
+                                      and isinstance(tokenizer.get("sha256", ""), str)):
+        raise ValueError(f"{path}: metadata 'tokenizer' must be null or {{name, sha256}} strings")
     creator = _meta_json(path, meta, "creator")
+    if not isinstance(creator, dict):
+        raise ValueError(f"{path}: metadata 'creator' is not a dict")
     crcs = _meta_json(path, meta, "crc32")
 
     size = path.stat().st_size
@@ -179,9 +223,9 @@ def load_packed(path: str | os.PathLike, check: str = "full") -> PackedModel:
             dt, shape, (b, end) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}: malformed header entry for {k}") from None
-        if dt not in _DTYPES or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise ValueError(f"{path}: tensor {k} has bad dtype/shape {dt} {list(shape)}")
-        if not (isinstance(b, int) and isinstance(end, int) and 0 <= b <= end):
+        if not isinstance(dt, str) or dt not in _DTYPES or not all(_is_count(s) for s in shape):
+            raise ValueError(f"{path}: tensor {k} has bad dtype/shape {dt!r} {list(shape)}")
+        if not (_is_count(b) and _is_count(end) and b <= end):
             raise ValueError(f"{path}: tensor {k} has bad data offsets {e['data_offsets']}")
         if end - b != math.prod(shape) * _DTYPES[dt][1]:
             raise ValueError(f"{path}: tensor {k}: data offsets span {end - b} bytes, its shape "
@@ -269,7 +313,9 @@ def codes_valid(packed: np.ndarray, fmt: str) -> bool:
 
 
 def validate_packed(path: str | os.PathLike, check: str = "full") -> dict[str, Any]:
-    """Validate a packed file (ValueError naming the problem); returns a summary dict."""
+    """Validate a packed file (ValueError naming the problem); returns a summary dict
+    (``not_verified``: what the chosen check did not look at, empty for "full")."""
     with load_packed(path, check=check) as m:
         return {"path": str(m.path), "config": m.cfg.to_dict(), "file_bytes": m.file_bytes,
-                "tokenizer": m.tokenizer, "creator": m.creator, "check": check}
+                "tokenizer": m.tokenizer, "creator": m.creator, "check": check,
+                "not_verified": [] if check == "full" else list(HEADER_CHECK_SKIPS)}

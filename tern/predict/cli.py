@@ -37,7 +37,11 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
 
 
 def cli_run(args: argparse.Namespace) -> dict[str, Any]:
-    host = resolve_host(args.host, reference=args.reference)
+    if min(args.threads) < 1:
+        raise ValueError(f"--threads must be integers >= 1, got {args.threads}")
+    if args.context is not None and args.context < 0:
+        raise ValueError(f"--context must be an integer >= 0, got {args.context}")
+    host = resolve_host(args.host, reference=args.reference)  # a bad --host file: named in the error
     preds = [predict(load_config(c), host, t, args.context, args.fmt, args.policy).to_dict()
              for c in args.config for t in args.threads]
     return {"predictions": preds}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from typing import Any
 
 JSON_FIELDS = """\
@@ -33,11 +34,27 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """ValueError naming the flag of a bad value, before the model loads."""
+    for flag, v, lo in (("-n", args.n, 0), ("--seed", args.seed, 0), ("--threads", args.threads, 1)):
+        if v < lo:
+            raise ValueError(f"{flag} must be an integer >= {lo}, got {v}")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive surrogate-escaped
+        bad = args.prompt[e.start].encode("utf-8", "surrogateescape")
+        raise ValueError(f"--prompt is not valid UTF-8 text (byte 0x{bad.hex()} at character "
+                         f"{e.start}); pass UTF-8") from None
+
+
 def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     from tern.data.tokenizer import get_tokenizer
-    from tern.run.engine import Engine
+    from tern.run.engine import Engine, PastMaxSeqLenWarning
 
-    eng = Engine(args.model, threads=args.threads)
+    _check_args(args)
+    # the full check (crc32, ternary codes, finite weights) of every byte: a header-only
+    # check lets a corrupted file decode garbage (tern.packed.reader.load_packed)
+    eng = Engine(args.model, threads=args.threads, check="full")
     name = args.tokenizer or (eng.model.tokenizer or {}).get("name")
     if not name:
         raise ValueError(f"{args.model} names no tokenizer; pass --tokenizer")
@@ -49,22 +66,28 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     if tok.vocab_size > eng.cfg.vocab_size:
         raise ValueError(f"tokenizer {name} has {tok.vocab_size} tokens, the model only {eng.cfg.vocab_size}")
     prompt_ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
+    if len(prompt_ids) + args.n > eng.cfg.max_seq_len:
+        print(f"[tern generate] note: {len(prompt_ids)} prompt + {args.n} generated tokens exceed the "
+              f"model's max_seq_len {eng.cfg.max_seq_len}, the longest context it was trained on "
+              f"(decoding continues; quality past it is not measured)", file=sys.stderr)
     stream = not getattr(args, "json", False)
     ids: list[int] = []
     printed = ""
     t0 = time.perf_counter()
     t_first = None
-    for t in eng.generate(prompt_ids, args.n, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed):
-        if t_first is None:
-            t_first = time.perf_counter()
-        ids.append(t)
-        if stream:
-            text = tok.decode(ids)
-            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                sys.stdout.write(text[len(printed):])
-                sys.stdout.flush()
-                printed = text
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PastMaxSeqLenWarning)  # said above, in one line
+        for t in eng.generate(prompt_ids, args.n, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed):
+            if t_first is None:
+                t_first = time.perf_counter()
+            ids.append(t)
+            if stream:
+                text = tok.decode(ids)
+                if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                    sys.stdout.write(text[len(printed):])
+                    sys.stdout.flush()
+                    printed = text
     t_end = time.perf_counter()
     text = tok.decode(ids)
     if stream:

@@ -22,11 +22,26 @@ computes the same model (docs/MODEL.md):
   sequential stream the hardware prefetcher follows (tern.kernels.policy.stream_row_bytes);
   "auto" (default) applies that rule with this machine's LLC size, "on" streams every
   long-row matrix, "off" none. The sums are the same either way.
+- ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full"
+  (default) reads every byte: tensor crc32s, ternary codes, finite weights. "header"
+  checks only the structure; flipped weight bits, NaN weights and invalid ternary codes
+  pass it and the engine then decodes garbage: use it only for a file that passed a full
+  check before.
+
+Context length: decoding has no hard limit. There are no positional encodings; each
+attention layer keeps a ring buffer of its last ``attn_window`` keys / values (slot
+``position % attn_window``) and each SSM layer a fixed-size state, so nothing overflows
+past ``max_seq_len``. But ``max_seq_len`` is the longest context the model was trained
+on: beyond it the SSM states (and attention, when ``attn_window > max_seq_len``) run on
+longer contexts than training saw, so the engine warns once (:class:`PastMaxSeqLenWarning`)
+when it is fed a token past that many. (A model of attention layers only, with
+``attn_window <= max_seq_len``, sees the same window at every position past it: no warning.)
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +66,10 @@ KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
+
+
+class PastMaxSeqLenWarning(UserWarning):
+    """An Engine is decoding past its model's max_seq_len (see the module docstring)."""
 
 
 class _Aux:
@@ -114,6 +133,10 @@ class Engine:
             self.stream_row_bytes = (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0)
         self._build_tables()
         self._alloc_state()
+        # position of the first token past max_seq_len, where a longer context than in training
+        # reaches the SSM states or an attention window longer than max_seq_len
+        longer = self.n_ssm or (self.n_attn and self.cfg.attn_window > self.cfg.max_seq_len)
+        self._warn_at = self.cfg.max_seq_len if longer else 2**62
         self.reset()
 
     # ---- set-up --------------------------------------------------------------------------
@@ -296,7 +319,21 @@ class Engine:
         the Python overhead of :meth:`step` against it."""
         return ops.token_step, self._before, self._after
 
+    def _past_max_seq_len(self) -> None:
+        self._warn_at = 2**62  # once per Engine
+        cfg = self.cfg
+        who = " and ".join(([f"the {self.n_ssm} SSM layers' states"] if self.n_ssm else [])
+                           + ([f"attention (window {cfg.attn_window} > max_seq_len)"]
+                              if self.n_attn and cfg.attn_window > cfg.max_seq_len else []))
+        warnings.warn(f"{self.path}: decoding past max_seq_len={cfg.max_seq_len} tokens, the longest "
+                      f"context the model was trained on: nothing overflows (no positional encoding, "
+                      f"attention ring buffers of {cfg.attn_window} positions), but {who} now see longer "
+                      f"contexts than in training; quality there is not measured",
+                      PastMaxSeqLenWarning, stacklevel=4)
+
     def _run(self, token: int) -> None:
+        if self.pos[0] >= self._warn_at:
+            self._past_max_seq_len()
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
         if self.fused:
@@ -325,7 +362,13 @@ class Engine:
         temperature 0 is greedy). Deterministic for a given seed."""
         from tern.core.sampling import sample_next
 
-        prompt = [self.check_token(t) for t in prompt_ids]
+        try:
+            if isinstance(prompt_ids, (str, bytes)):
+                raise TypeError
+            prompt = [self.check_token(t) for t in prompt_ids]
+        except TypeError:
+            raise ValueError(f"prompt_ids must be a sequence of token ids, got "
+                             f"{type(prompt_ids).__name__}") from None
         if not prompt:
             raise ValueError("generate needs a non-empty prompt")
         if not isinstance(n, (int, np.integer)) or n < 0:
