@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +29,14 @@ JSON_FIELDS = """\
   evals: periodic validation rows; checkpoint: path; device; world_size; counts"""
 
 
+DEFAULT_MINUTES = 20.0  # the budget when neither --steps, --minutes nor --train-set gives one
+
+# flag -> (smallest value, what it must be); checked before the configs so the error names the flag
+_FLAG_MINIMUMS = {"steps": (1, "an integer >= 1"), "seed": (0, "an integer >= 0"),
+                  "batch_size": (1, "an integer >= 1"), "seq_len": (1, "an integer >= 1"),
+                  "threads": (0, "an integer >= 0 (0: default)"), "eval_every": (0, "an integer >= 0")}
+
+
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
     out = {}
     for it in items or []:
@@ -48,9 +57,9 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a TrainConfig field (JSON value), repeatable")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--minutes", type=float, help="time budget in minutes")
-    g.add_argument("--steps", type=int, help="optimizer steps")
-    p.add_argument("--seed", type=int, default=0)
+    g.add_argument("--minutes", type=float, help=f"time budget in minutes, > 0 (default {DEFAULT_MINUTES:g})")
+    g.add_argument("--steps", type=int, help="optimizer steps, >= 1")
+    p.add_argument("--seed", type=int, default=0, help="seed, >= 0 (default 0)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--lr", type=float)
@@ -62,18 +71,32 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag of the first out-of-range value (zero is a value, not
+    "not given": --steps 0 and --minutes 0 are errors)."""
+    for name, (lo, what) in _FLAG_MINIMUMS.items():
+        v = getattr(args, name, None)
+        if v is not None and v < lo:
+            raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v}")
+    for name in ("minutes", "lr"):
+        v = getattr(args, name, None)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"--{name} must be a number > 0, got {v}")
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    """(ModelConfig, TrainConfig) of `tern train`'s arguments. The budget is --steps or
+    --minutes (or a --train-set steps=/minutes=), else DEFAULT_MINUTES."""
+    _check_flags(args)
     mcfg = load_config(args.preset, _parse_overrides(args.set))
     kw: dict[str, Any] = {"seed": args.seed, "device": args.device, "threads": args.threads,
                           "eval_every": args.eval_every}
-    if args.steps:
-        kw["steps"] = args.steps
-    else:
-        kw["minutes"] = args.minutes if args.minutes else 20.0
-    for k in ("batch_size", "seq_len", "lr"):
+    for k in ("steps", "minutes", "batch_size", "seq_len", "lr"):
         if getattr(args, k) is not None:
             kw[k] = getattr(args, k)
     kw.update(_parse_overrides(args.train_set))
+    if "steps" not in kw and "minutes" not in kw:
+        kw["minutes"] = DEFAULT_MINUTES
     kw.setdefault("seq_len", min(TrainConfig.seq_len, mcfg.max_seq_len))
     return mcfg, TrainConfig.from_dict(kw)
 
@@ -128,7 +151,8 @@ if __name__ == "__main__":
 # ---- `tern export` --------------------------------------------------------------------------
 EXPORT_JSON_FIELDS = """\
   action: "export" | "random" | "validate"; path; file_bytes; seconds (wall time);
-  config: ModelConfig fields; tokenizer: {name, sha256} or null; creator; check"""
+  config: ModelConfig fields; tokenizer: {name, sha256} or null; creator; check;
+  not_verified: what the check did not look at (--check header: the tensor data)"""
 
 
 def export_configure(p: Any) -> None:
@@ -140,7 +164,9 @@ def export_configure(p: Any) -> None:
     p.add_argument("--tokenizer", help="tokenizer name recorded in the file (default: the checkpoint's)")
     p.add_argument("--validate", metavar="FILE", help="validate a packed file and print its summary")
     p.add_argument("--check", choices=CHECKS, default="full",
-                   help="validation depth: full (crc32 and ternary codes of every byte) or header")
+                   help="validation depth: full (crc32 and ternary codes of every byte) or header "
+                        "(structure only: flipped weight bits, NaN weights and invalid ternary "
+                        "codes pass it)")
 
 
 def export_run(args: Any) -> dict[str, Any]:
@@ -149,6 +175,8 @@ def export_run(args: Any) -> dict[str, Any]:
     from tern.core.config import load_config
 
     t0 = time.perf_counter()
+    if args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.validate:
         action, path = "validate", Path(args.validate)
     elif args.random:
@@ -169,8 +197,13 @@ def export_run(args: Any) -> dict[str, Any]:
 def export_render(r: dict[str, Any]) -> str:
     tok = r["tokenizer"]["name"] if r["tokenizer"] else "none"
     verb = {"validate": "valid", "random": "wrote random", "export": "exported"}[r["action"]]
-    return (f"{verb}: {r['path']} ({r['file_bytes'] / 1e6:.2f} MB, config {r['config']['name']}, "
+    if r["action"] == "validate" and r.get("not_verified"):
+        verb = "header valid"
+    line = (f"{verb}: {r['path']} ({r['file_bytes'] / 1e6:.2f} MB, config {r['config']['name']}, "
             f"tokenizer {tok}, {r['check']} check, {r['seconds']:.1f} s)")
+    if r.get("not_verified"):
+        line += f"\nnot verified by the {r['check']} check: {'; '.join(r['not_verified'])} (use --check full)"
+    return line
 
 
 # `tern export` as a subcommand object (tern.cli: 'tern.train.cli:export_command')

@@ -41,15 +41,20 @@ def launch_torchrun(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str
 
 def preset_configs(preset: str = "sandbox", smoke: bool = False, minutes: float = 20.0,
                    **train_overrides: Any) -> tuple[ModelConfig, TrainConfig]:
-    """The (ModelConfig, TrainConfig) the notebooks train: a ``minutes`` budget with
+    """The (ModelConfig, TrainConfig) the notebooks train: a ``minutes`` budget (> 0) with
     periodic validation, or with ``smoke`` a few steps on short sequences with a small
-    validation subset (seconds on a CPU)."""
+    validation subset (seconds on a CPU). A ``steps`` override replaces the time budget;
+    zero is never "not given" (``minutes=0`` or ``steps=0`` is a ValueError)."""
     mcfg = load_config(preset)
     if smoke:
         kw: dict[str, Any] = dict(steps=3, batch_size=2, seq_len=64, warmup_steps=1, eval_every=3,
                                   eval_tokens=512, final_eval_tokens=2048, log_every=1)
     else:
         kw = dict(minutes=minutes, seq_len=min(256, mcfg.max_seq_len), eval_every=200, log_every=10)
+    if "steps" in train_overrides and "minutes" not in train_overrides:
+        kw.pop("minutes", None)
+    elif "minutes" in train_overrides and "steps" not in train_overrides:
+        kw.pop("steps", None)
     kw.update(train_overrides)
     return mcfg, TrainConfig.from_dict(kw)
 
