@@ -1,0 +1,421 @@
+"""`tern bench peers`: tern's engine beside llama.cpp's ``llama-bench`` on models of the same
+dimensions, as JSONL rows with the bandwidth each engine attains.
+
+For each shape (:data:`SHAPES`) one ModelConfig describes both files: a random tern file
+(tern.packed.writer.random_model) and a random llama-architecture GGUF
+(tern.measure.peers_gguf: TQ2_0 body, or TQ1_0), both cached under
+``<results>/models/peers`` by config hash. Each thread count runs tern's engine in its own
+process (tern.measure.sweep_worker) and then ``llama-bench -p 0 -n TOKENS -t T -r R -o jsonl``;
+each row has tok/s (median of the repeats, min, max, spread), the bytes one token reads
+(tern: tern.core.config.param_counts' active bytes; llama.cpp: the GGUF tensors on the
+active path), GB/s end to end (bytes per token x tok/s) and the fraction of the probe's read
+bandwidth at the model's working set (tern.measure.utilisation; None without a profile).
+
+Differences that remain between the pairs: tern's attention has no positional encoding
+(llama.cpp applies RoPE to q and k), llama.cpp's KV cache is f16 (tern's fp32), and tern
+converts an fp16 head to fp32 at load (``engine_bytes_per_token`` counts what it reads).
+A GQA shape (``n_kv_heads``) exists only in the GGUF: compare such rows per byte read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tern.core.config import ModelConfig, get_preset, param_counts
+from tern.core.host_profile import HostProfile
+from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
+from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
+from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
+
+PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
+HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
+                    "tern alone. To build it from the llama-cpp-python source distribution: "
+                    "pip download --no-deps --no-binary :all: llama-cpp-python -d /tmp/llama; unpack it; "
+                    "in its vendor/llama.cpp run cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
+                    "-DCMAKE_BUILD_TYPE=Release && cmake --build build -j --target llama-bench "
+                    "(benchmarks/README.md)")
+
+JSON_FIELDS = """\
+  peers: bench, records, llama_bench (path or null), note, host (profile label or null), errors,
+    rows: [{kind: peers, run_id, engine (tern | llama.cpp), shape, dims (d/layers/ffn/vocab),
+      config, model_file, file_bytes, threads, tokens, repeats, warmup, total_params,
+      active_params, bytes_per_token, working_set_bytes, engine_bytes_per_token (tern),
+      tok_per_s (median), tok_per_s_min, tok_per_s_max, spread_rel, samples_tok_per_s,
+      gbps_end_to_end, read_gbps_at_ws, bandwidth_fraction, bandwidth_note,
+      host_activity {foreign_cpu_frac, steal_frac: shares of all CPUs' time meanwhile (Linux)},
+      gguf {body, n_kv_heads} and llama_cpp {binary, build_commit, build_number, label} (llama.cpp),
+      host, cpu, versions, git_commit, timestamp}]"""
+
+
+@dataclass(frozen=True)
+class PeerShape:
+    """A benchmark shape: tern's config, whether llama.cpp gets a GGUF of it, the GGUF's
+    KV heads (None: as many as query heads) and whether ``--quick`` runs it."""
+
+    name: str
+    cfg: ModelConfig
+    llama: bool = True
+    n_kv_heads: int | None = None
+    small: bool = False
+    default: bool = True
+
+    @property
+    def dims(self) -> str:
+        c = self.cfg
+        ffn = f"{c.n_experts}x{c.expert_hidden} top-{c.top_k}" if c.moe_layers else c.mlp_hidden
+        return f"{c.d_model}/{c.n_layers}/{ffn}/{c.vocab_size}"
+
+
+def dense_shape(name: str, d: int, layers: int, ffn: int, vocab: int, heads: int) -> ModelConfig:
+    """Every layer attention (window PEER_CONTEXT), dense SiLU gated MLP, ternary2 body,
+    fp16 embedding and untied fp16 head."""
+    return ModelConfig(name=f"peer-{name}", vocab_size=vocab, d_model=d, n_layers=layers,
+                       attn_layers=tuple(range(layers)), n_heads=heads, attn_window=PEER_CONTEXT,
+                       mlp_hidden=ffn, activation="silu", embed_format="fp16", head_format="fp16",
+                       tie_embeddings=False, max_seq_len=PEER_CONTEXT)
+
+
+_MOE = dense_shape("9.7b-moe", 1024, 12, 0, 4096, 16).replace(
+    moe_layers=tuple(range(12)), n_experts=512, top_k=8, expert_hidden=512, router_format="fp16",
+    embed_format="int8", head_format="int8")
+_1B = dense_shape("1.1b", 2048, 22, 5632, 32000, 32)
+SHAPES: dict[str, PeerShape] = {s.name: s for s in (
+    PeerShape("5.6m", dense_shape("5.6m", 256, 6, 768, 1024, 4), small=True),
+    PeerShape("28m", dense_shape("28m", 512, 8, 1536, 1024, 8), small=True),
+    PeerShape("86m", dense_shape("86m", 768, 12, 2048, 1024, 12)),
+    PeerShape("1.1b", _1B),
+    PeerShape("9.7b-moe", _MOE),
+    PeerShape("sandbox", get_preset("sandbox"), llama=False, small=True),
+    # TinyLlama's grouped-query attention (32 query / 4 KV heads) in the GGUF only: per byte read
+    PeerShape("1.1b-gqa4", _1B, n_kv_heads=4, default=False),
+    # the smallest shape both engines take (TQ2_0 rows are 256-weight blocks): smoke runs
+    PeerShape("tiny", dense_shape("tiny", 256, 2, 256, 256, 4), small=True, default=False),
+)}
+
+
+def select_shapes(names: list[str] | None = None, quick: bool = False) -> list[PeerShape]:
+    """Shapes by name (a :data:`SHAPES` key or a tern preset, the latter measured by tern
+    alone); default: every default shape, or the small ones with ``quick``."""
+    if not names:
+        return [s for s in SHAPES.values() if s.default and (s.small or not quick)]
+    out = []
+    for n in names:
+        if n in SHAPES:
+            out.append(SHAPES[n])
+            continue
+        try:
+            out.append(PeerShape(n, get_preset(n), llama=False))
+        except ValueError:
+            raise ValueError(f"unknown peers shape {n!r}; shapes: {', '.join(SHAPES)} "
+                             "(or a tern preset, measured by tern alone)") from None
+    return out
+
+
+# ---- llama-bench ------------------------------------------------------------------------------
+
+
+def find_llama_bench(path: str | os.PathLike | None = None) -> Path | None:
+    """``path`` (must exist and be executable) or ``llama-bench`` on PATH, else None."""
+    if path is not None:
+        p = Path(path)
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise ValueError(f"--llama-bench {p}: not an executable file")
+        return p
+    found = shutil.which("llama-bench")
+    return Path(found) if found else None
+
+
+def parse_llama_bench(stdout: str) -> dict[str, Any]:
+    """The generation test of ``llama-bench -o jsonl`` output: tok/s per repeat and summary,
+    the build and the model's size as llama.cpp counts them."""
+    tests = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                tests.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    gen = [t for t in tests if t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0]
+    if not gen:
+        raise ValueError(f"llama-bench printed no generation test (-p 0 -n N) in its JSONL output: "
+                         f"{stdout[-500:]!r}")
+    t = gen[-1]
+    samples = [float(x) for x in t.get("samples_ts") or []]
+    if not samples:
+        raise ValueError("llama-bench's JSONL row has no samples_ts")
+    s = summarize(samples)
+    return {"tok_per_s": s["median"], "tok_per_s_min": s["min"], "tok_per_s_max": s["max"],
+            "spread_rel": s["spread_rel"], "repeats": s["repeats"], "samples_tok_per_s": samples,
+            "build_commit": t.get("build_commit"), "build_number": t.get("build_number"),
+            "n_threads": t.get("n_threads"), "cpu_info": t.get("cpu_info"),
+            "model_size": t.get("model_size"), "model_n_params": t.get("model_n_params"),
+            "n_gen": t.get("n_gen")}
+
+
+def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats: int,
+                    timeout_s: float = 1800) -> dict[str, Any]:
+    """One ``llama-bench`` run (its own warm-up, then ``repeats`` of ``tokens`` tokens)."""
+    cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
+           "-r", str(repeats), "-o", "jsonl"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed on {gguf.name} ({threads} threads, exit {r.returncode}):\n"
+                           f"{r.stderr[-2000:]}")
+    return {**parse_llama_bench(r.stdout), "command": " ".join(cmd)}
+
+
+# ---- measuring --------------------------------------------------------------------------------
+
+MeasureTern = Callable[[Path, SweepPoint], dict[str, Any]]
+MeasureLlama = Callable[[Path, Path, int, int, int], dict[str, Any]]
+_SUMMARY = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "spread_rel", "repeats", "samples_tok_per_s",
+            "host_activity")
+BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
+
+
+def _row(shape: PeerShape, engine: str, path: Path, threads: int, m: dict[str, Any], counts: dict[str, int],
+         host: HostProfile | None, meta: dict[str, Any]) -> dict[str, Any]:
+    row = {"kind": "peers", "engine": engine, "shape": shape.name, "dims": shape.dims,
+           "config": shape.cfg.to_dict(), "model_file": str(path), "file_bytes": path.stat().st_size,
+           **counts, **{k: m[k] for k in _SUMMARY if k in m}, **meta, "threads": threads}
+    row.update(decode_utilisation(row["tok_per_s"], counts["bytes_per_token"], counts["working_set_bytes"],
+                                  threads, host))
+    return row
+
+
+def tern_counts(cfg: ModelConfig) -> dict[str, int]:
+    pc = param_counts(cfg)
+    return {"total_params": pc.total.params, "active_params": pc.active.params,
+            "bytes_per_token": pc.active.bytes, "working_set_bytes": pc.total.bytes,
+            "engine_bytes_per_token": engine_bytes_per_token(cfg)}
+
+
+def llama_counts(shape: PeerShape, body: str) -> dict[str, int]:
+    c = gguf_byte_counts(shape.cfg, gguf_tensors(shape.cfg, body, shape.n_kv_heads))
+    return {"total_params": c["total_params"], "active_params": c["active_params"],
+            "bytes_per_token": c["active_bytes"], "working_set_bytes": c["total_bytes"]}
+
+
+def cpu_snapshot() -> tuple[float, list[int], float] | None:
+    """(wall s, /proc/stat cpu jiffies, reaped children's CPU s); None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            jiffies = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), jiffies, ru.ru_utime + ru.ru_stime
+
+
+def host_activity(before: tuple | None, after: tuple | None) -> dict[str, float]:
+    """What else the machine did while a measurement ran in a child process: the share of
+    all CPUs' time that other processes used (``foreign_cpu_frac``: busy jiffies minus the
+    child's CPU time) and that the hypervisor stole (``steal_frac``). Empty off Linux."""
+    if before is None or after is None or after[0] <= before[0]:
+        return {}
+    hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    d = [a - b for a, b in zip(after[1], before[1], strict=False)] + [0] * 8
+    user, nice, system, idle, iowait, irq, softirq, steal = d[:8]
+    busy = (user + nice + system + irq + softirq) / hz
+    cpu_s = (after[0] - before[0]) * ncpu
+    return {"foreign_cpu_frac": max(0.0, busy - (after[2] - before[2])) / cpu_s, "steal_frac": steal / hz / cpu_s}
+
+
+def _measured(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    before = cpu_snapshot()
+    m = fn(*args)
+    return {**m, "host_activity": host_activity(before, cpu_snapshot())}
+
+
+def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path = "results",
+              tokens: int = 64, repeats: int = 3, warmup: int = 16, body: str = "TQ2_0",
+              llama_bench: Path | None = None, llama_label: str | None = None,
+              host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
+              measure_llama: MeasureLlama | None = None, progress: bool = True) -> dict[str, Any]:
+    """Measure every shape at every thread count with tern (and llama.cpp when
+    ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``."""
+    from tern.core.paths import results_dir
+
+    if not threads or any(not isinstance(t, int) or t < 1 for t in threads):
+        raise ValueError(f"threads must be integers >= 1, got {threads}")
+    if not 1 <= tokens <= PEER_CONTEXT or repeats < 1 or warmup < 0:
+        raise ValueError(f"need 1 <= tokens <= {PEER_CONTEXT}, repeats >= 1, warmup >= 0; "
+                         f"got {tokens}, {repeats}, {warmup}")
+    out = results_dir(results)
+    models, records = out / "models" / "peers", out / "bench" / "peers.jsonl"
+    measure_llama = measure_llama or run_llama_bench
+    run_id = f"{run_metadata()['timestamp']}-{uuid.uuid4().hex[:8]}"
+    note = "" if llama_bench else HOW_TO_GET_LLAMA
+    rows: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for shape in shapes:
+        _log(progress, f"peers {shape.name} ({shape.dims}): writing / finding the model files")
+        tern_path = ensure_model(shape.cfg, models)
+        gguf = ensure_gguf(shape.cfg, models, body, shape.n_kv_heads, progress) if (
+            llama_bench and shape.llama) else None
+        for t in threads:
+            base = {"run_id": run_id, "tokens": tokens, "warmup": warmup}
+            _log(progress, f"peers {shape.name}: tern, {t} thread(s)")
+            m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens, repeats,
+                                                              warmup))
+            rows.append(_row(shape, "tern", tern_path, t, m, tern_counts(shape.cfg), host,
+                             {**run_metadata(t), **base, "engine_settings": m.get("engine")}))
+            append_jsonl(records, rows[-1])
+            if gguf is None:
+                continue
+            _log(progress, f"peers {shape.name}: llama.cpp, {t} thread(s)")
+            try:
+                lm = _measured(measure_llama, llama_bench, gguf, t, tokens, repeats)
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:  # the other rows still count
+                errors.append(f"llama.cpp on {shape.name}, {t} thread(s): {e}")
+                _log(True, errors[-1])
+                continue
+            lc = {"binary": str(llama_bench), "build_commit": lm.get("build_commit"),
+                  "build_number": lm.get("build_number"), "label": llama_label,
+                  "model_size": lm.get("model_size"), "command": lm.get("command")}
+            rows.append(_row(shape, "llama.cpp", gguf, t, lm, llama_counts(shape, body), host,
+                             {**run_metadata(t), **base, "llama_cpp": lc,
+                              "gguf": {"body": body, "n_kv_heads": shape.n_kv_heads or shape.cfg.n_heads}}))
+            append_jsonl(records, rows[-1])
+    return {"bench": "peers", "records": str(records), "llama_bench": str(llama_bench) if llama_bench else None,
+            "note": note, "host": host.label if host else None, "rows": rows, "errors": errors}
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+# ---- rows -> tables ---------------------------------------------------------------------------
+
+
+def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row of each (engine, shape, threads) in file order (later runs win)."""
+    last: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("kind") == "peers":
+            last[(r["engine"], r["shape"], r["threads"])] = r
+    return list(last.values())
+
+
+def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
+    each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
+    read bandwidth, and tern / llama.cpp."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in latest_rows(rows):
+        e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
+        key = "tern" if r["engine"] == "tern" else "llama"
+        e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
+        cell = e["by_threads"].setdefault(r["threads"], {})
+        cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
+                     "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel")}
+    for e in out.values():
+        for cell in e["by_threads"].values():
+            if "tern" in cell and "llama" in cell:
+                cell["tern_over_llama"] = cell["tern"]["tok_per_s"] / cell["llama"]["tok_per_s"]
+                cell["tern_over_llama_per_byte"] = cell["tern"]["gbps"] / cell["llama"]["gbps"]
+    return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
+
+
+# one text table per tuple: title, per thread count [(header, engine or None, field, width, format)]
+_TEXT_TABLES = (
+    ("tok/s (median of repeats)",
+     (("llama", "llama", "tok_per_s", 9, ".1f"), ("tern", "tern", "tok_per_s", 8, ".1f"),
+      ("ratio", None, "tern_over_llama", 5, ".2f"))),
+    ("GB/s end to end (bytes per token x tok/s) and fraction of the probe's read bandwidth",
+     (("GB/s llama", "llama", "gbps", 10, ".2f"), ("tern", "tern", "gbps", 6, ".2f"),
+      ("frac llama", "llama", "fraction", 10, ".2f"), ("tern", "tern", "fraction", 5, ".2f"))),
+)
+
+
+def render_peers(result: dict[str, Any]) -> str:
+    """Text tables of :func:`peers_table`: tok/s, then GB/s and fraction of read bandwidth."""
+    table = peers_table(result["rows"])
+    threads = sorted({t for e in table for t in e["by_threads"]})
+    lines = []
+    for title, cols in _TEXT_TABLES:
+        head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
+        head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)
+        lines += [title, head]
+        for e in table:
+            line = f"{e['shape']:<10} {e['dims']:<26} {_mb(e, 'tern'):>11} {_mb(e, 'llama'):>7}"
+            for t in threads:
+                c = e["by_threads"].get(t, {})
+                line += " |   "
+                for _, eng, field, w, spec in cols:
+                    v = (c.get(eng) or {}).get(field) if eng else c.get(field)
+                    line += f" {'-' if v is None else format(v, spec):>{w}}"
+            lines.append(line)
+        lines.append("")
+    busy = [f"{r['shape']} {r['engine']} {r['threads']}t ({r['host_activity']['foreign_cpu_frac']:.0%})"
+            for r in latest_rows(result["rows"])
+            if r.get("host_activity", {}).get("foreign_cpu_frac", 0) > BUSY_FRACTION]
+    if busy:
+        lines.append(f"disturbed (other processes used > {BUSY_FRACTION:.0%} of the CPUs meanwhile): " + ", ".join(busy))
+    if result.get("note"):
+        lines.append(result["note"])
+    lines += [f"error: {e}" for e in result.get("errors", [])]
+    lines.append(f"records: {result['records']}")
+    return "\n".join(lines)
+
+
+def _mb(e: dict[str, Any], key: str) -> str:
+    v = e.get(f"{key}_bytes_per_token")
+    return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+# ---- `tern bench peers` -----------------------------------------------------------------------
+
+
+def cli_configure_peers(p: Any) -> None:
+    p.add_argument("--shapes", default=None,
+                   help=f"comma-separated shapes (default: {', '.join(s.name for s in select_shapes())}; "
+                        f"also {', '.join(n for n, s in SHAPES.items() if not s.default)} or any tern preset)")
+    p.add_argument("--quick", action="store_true", help="only the small shapes")
+    p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all cores)")
+    p.add_argument("--tokens", type=int, default=64, help="generated tokens per repeat (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per engine (default 3, median reported)")
+    p.add_argument("--warmup", type=int, default=16, help="tern's warm-up tokens (llama-bench runs its own)")
+    p.add_argument("--body", default="TQ2_0", choices=("TQ2_0", "TQ1_0"), help="GGUF type of the ternary matrices")
+    p.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench (default: on PATH)")
+    p.add_argument("--llama-label", default=None,
+                   help="recorded with llama.cpp rows (e.g. its source when the build reports commit 'unknown')")
+    p.add_argument("--no-llama", action="store_true", help="measure tern alone")
+    p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
+    p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json)")
+
+
+def cli_run_peers(args: Any) -> dict[str, Any]:
+    from tern.core.paths import results_dir
+
+    shapes = select_shapes([s.strip() for s in args.shapes.split(",") if s.strip()] if args.shapes else None,
+                           quick=args.quick)
+    threads = args.threads or sorted({1, os.cpu_count() or 1})
+    llama = None if args.no_llama else find_llama_bench(args.llama_bench)
+    if llama is None and not args.no_llama:
+        print(HOW_TO_GET_LLAMA, file=sys.stderr)
+    host_path = Path(args.host) if args.host else results_dir(args.results) / "host_profile.json"
+    host = HostProfile.load(host_path) if host_path.exists() else None
+    if host is None:
+        print(f"no host profile at {host_path} (run `tern probe`): rows carry no bandwidth fraction",
+              file=sys.stderr)
+    res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
+                    warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
+                    host=host)
+    if args.no_llama:
+        res["note"] = "llama.cpp not measured (--no-llama)"
+    return res

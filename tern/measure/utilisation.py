@@ -1,0 +1,104 @@
+"""Bandwidth utilisation of a decode measurement: bytes read per token x tok/s, divided by
+the probe's read bandwidth at the model's working set (tern.core.host_queries.bandwidth_gbps).
+
+A DRAM-bound engine that streams its weights as fast as the probe's read kernel reads
+memory scores 1.0; well-tuned CPU engines report 0.85-0.95 of measured read bandwidth in
+decode. The working set is the model's total bytes (over many tokens routing touches
+every expert, so a MoE model cycles through all of them) unless the row says otherwise.
+
+:func:`decode_utilisation` takes the numbers; :func:`row_utilisation` reads them from any
+decode row the kit writes (peers, sweep, dram_model, ladder with the model's config), and
+:func:`engine_bytes_per_token` counts what tern's engine actually reads per token, where
+its load-time conversions differ from the file's formats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tern.core.config import ModelConfig, param_counts, tensor_specs
+from tern.core.formats import tensor_bytes
+from tern.core.host_profile import HostProfile
+from tern.core.host_queries import bandwidth_gbps
+
+NO_PROFILE = "no host profile (run `tern probe`): bandwidth fraction not computed"
+
+
+def decode_utilisation(tok_per_s: float, bytes_per_token: float, working_set_bytes: float,
+                       threads: int, host: HostProfile | None) -> dict[str, Any]:
+    """{gbps_end_to_end, read_gbps_at_ws, bandwidth_fraction, bandwidth_note}: GB/s are
+    1e9 B/s; the fraction and read rate are None (with a note) without a host profile."""
+    for name, v in (("tok_per_s", tok_per_s), ("bytes_per_token", bytes_per_token),
+                    ("working_set_bytes", working_set_bytes)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    gbps = bytes_per_token * tok_per_s / 1e9
+    out: dict[str, Any] = {"gbps_end_to_end": gbps, "read_gbps_at_ws": None, "bandwidth_fraction": None,
+                           "bandwidth_note": NO_PROFILE}
+    if host is not None and host.thread_counts():
+        read = bandwidth_gbps(host, working_set_bytes, threads)
+        out.update(read_gbps_at_ws=read, bandwidth_fraction=gbps / read,
+                   bandwidth_note=f"read bandwidth of profile {host.label!r} at {working_set_bytes / 1e6:.1f} MB, "
+                                  f"{threads} thread(s)")
+    elif host is not None:
+        out["bandwidth_note"] = f"host profile {host.label!r} has no read-bandwidth curve"
+    return out
+
+
+def engine_bytes_per_token(cfg: ModelConfig) -> int:
+    """Bytes tern's engine reads per token: the active bytes of ``cfg``
+    (tern.core.config.param_counts), except where tern.run.engine converts at load: fp16 /
+    bf16 embedding and head rows and every non-fp32 router are read as fp32, base-3
+    ternary matrices as ternary2."""
+    pc = param_counts(cfg)
+    extra = 0
+    for s in tensor_specs(cfg):
+        if s.group in ("embed", "head") and s.format in ("fp16", "bf16"):
+            V, D = s.shape
+            if s.group == "head":
+                extra += V * D * 2  # the whole head at 4 bytes, not 2
+            elif cfg.tie_embeddings:  # the head reads the table at 4 bytes; the row its own copy
+                extra += V * D * 2 + D * 4
+            else:
+                extra += D * 2  # one row at 4 bytes, not 2
+        elif s.group == "router" and s.format != "fp32":
+            extra += s.numel * 4 - tensor_bytes(s.format, s.shape)
+        elif s.format == "ternary_b3":
+            share = cfg.top_k / s.shape[0] if s.pool == "streamed" else 1.0
+            extra += round(share * (tensor_bytes("ternary2", s.shape) - tensor_bytes(s.format, s.shape)))
+    return pc.active.bytes + extra
+
+
+def row_utilisation(row: dict[str, Any], host: HostProfile | None,
+                    cfg: ModelConfig | None = None) -> dict[str, Any]:
+    """:func:`decode_utilisation` of a decode row. Reads tok/s (a number or a summary
+    with ``median``), the thread count, bytes per token (``bytes_per_token``, else
+    ``active_bytes``) and the working set (``working_set_bytes``, else ``total_bytes``);
+    a row without byte counts (ladder rows) needs its model's ``cfg`` (or a ``config``
+    dict in the row)."""
+    tps = row.get("tok_per_s")
+    if isinstance(tps, dict):
+        tps = tps.get("median")
+    if tps is None:
+        raise ValueError("the row has no tok_per_s")
+    threads = row.get("threads")
+    per_token = row.get("bytes_per_token", row.get("active_bytes"))
+    ws = row.get("working_set_bytes", row.get("total_bytes"))
+    if per_token is None or ws is None:
+        if cfg is None and isinstance(row.get("config"), dict):
+            cfg = ModelConfig.from_dict(row["config"])
+        if cfg is None:
+            raise ValueError("the row carries no byte counts (bytes_per_token / active_bytes, "
+                             "working_set_bytes / total_bytes): pass the model's config")
+        pc = param_counts(cfg)
+        per_token = pc.active.bytes if per_token is None else per_token
+        ws = pc.total.bytes if ws is None else ws
+    return decode_utilisation(float(tps), float(per_token), float(ws), int(threads or 1), host)
+
+
+def with_utilisation(rows: list[dict[str, Any]], host: HostProfile | None) -> list[dict[str, Any]]:
+    """Copies of ``rows`` with :func:`row_utilisation`'s fields added."""
+    return [{**r, **row_utilisation(r, host)} for r in rows]

@@ -1,0 +1,197 @@
+"""`tern bench peers` offline: shapes, llama-bench's JSONL parsed, the row schema of both
+engines with a fake ``llama-bench`` on PATH, the table, the figure and the CLI."""
+
+import dataclasses
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+pytest.importorskip("gguf")  # the `peers` / `test` extra
+
+from tern.cli import main as tern_main  # noqa: E402
+from tern.core.records import read_jsonl  # noqa: E402
+from tern.measure.peers import (  # noqa: E402
+    HOW_TO_GET_LLAMA,
+    SHAPES,
+    PeerShape,
+    dense_shape,
+    find_llama_bench,
+    host_activity,
+    latest_rows,
+    parse_llama_bench,
+    peers_table,
+    render_peers,
+    run_peers,
+    select_shapes,
+    tern_counts,
+)
+from tern.measure.plots_peers import peers_rows, plot_peers, plot_utilisation  # noqa: E402
+from tern.predict.roofline import synthetic_profile  # noqa: E402
+
+TINY = PeerShape("tiny", dense_shape("tiny", 256, 2, 256, 256, 4))
+ROW_KEYS = {"kind", "run_id", "engine", "shape", "dims", "config", "model_file", "file_bytes", "threads",
+            "tokens", "repeats", "warmup", "total_params", "active_params", "bytes_per_token",
+            "working_set_bytes", "tok_per_s", "tok_per_s_min", "tok_per_s_max", "spread_rel",
+            "samples_tok_per_s", "gbps_end_to_end", "read_gbps_at_ws", "bandwidth_fraction",
+            "bandwidth_note", "host", "cpu", "versions", "git_commit", "timestamp"}
+
+FAKE = '''#!{python}
+import json, sys
+a = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(a) + "\\n")
+t, n, r = (int(a[a.index(k) + 1]) for k in ("-t", "-n", "-r"))
+print("llama_model_loader: loaded meta data", file=sys.stderr)
+print("some banner line")
+print(json.dumps({{"build_commit": "fake123", "build_number": 42, "cpu_info": "fake cpu", "n_threads": t,
+                  "n_prompt": 0, "n_gen": n, "n_depth": 0, "model_size": 1000, "model_n_params": 2000,
+                  "avg_ts": 101.0, "samples_ns": [1] * r, "samples_ts": [100.0 + 10 * i for i in range(r)]}}))
+'''
+
+
+@pytest.fixture
+def fake_llama(tmp_path, monkeypatch):
+    """A llama-bench stand-in on PATH that logs its arguments and prints one JSONL test."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "llama_args.jsonl"
+    exe = d / "llama-bench"
+    exe.write_text(FAKE.format(python=sys.executable, log=str(log)))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{d}{os.pathsep}{os.environ['PATH']}")
+    return exe, log
+
+
+def fake_tern(path, point):
+    assert path.exists() and path.suffix == ".tern"
+    return {"tok_per_s": 200.0, "tok_per_s_min": 190.0, "tok_per_s_max": 210.0, "spread_rel": 0.1,
+            "repeats": point.repeats, "samples_tok_per_s": [190.0, 200.0, 210.0], "engine": {"threads": point.threads}}
+
+
+def test_shapes():
+    names = [s.name for s in select_shapes()]
+    assert names == ["5.6m", "28m", "86m", "1.1b", "9.7b-moe", "sandbox"]
+    assert [s.name for s in select_shapes(quick=True)] == ["5.6m", "28m", "sandbox"]
+    assert tern_counts(SHAPES["1.1b"].cfg)["total_params"] == pytest.approx(1.26e9, rel=0.01)
+    assert tern_counts(SHAPES["9.7b-moe"].cfg)["total_params"] == pytest.approx(9.73e9, rel=0.01)
+    assert tern_counts(SHAPES["5.6m"].cfg)["total_params"] == pytest.approx(5.64e6, rel=0.01)
+    s = select_shapes(["105m"])[0]  # a preset: tern alone
+    assert not s.llama and s.cfg.name == "105m"
+    with pytest.raises(ValueError, match="unknown peers shape"):
+        select_shapes(["7b"])
+
+
+def test_parse_llama_bench():
+    out = ('noise\n{"n_prompt": 512, "n_gen": 0, "samples_ts": [9.0]}\n'
+           '{"build_commit": "abc", "build_number": 7, "n_prompt": 0, "n_gen": 64, "samples_ts": [30, 10, 20]}\n')
+    r = parse_llama_bench(out)
+    assert r["tok_per_s"] == 20 and r["tok_per_s_min"] == 10 and r["tok_per_s_max"] == 30
+    assert r["repeats"] == 3 and r["build_commit"] == "abc" and r["spread_rel"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no generation test"):
+        parse_llama_bench('{"n_prompt": 512, "n_gen": 0, "samples_ts": [1]}\n')
+
+
+def test_rows_of_both_engines(tmp_path, fake_llama):
+    exe, log = fake_llama
+    assert find_llama_bench() == exe
+    host = synthetic_profile(llc_bytes=1 << 20, cache_gbps=100.0, dram_gbps=20.0, threads=1)
+    res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=64, repeats=3, warmup=4, llama_bench=exe,
+                    llama_label="test build", host=host, measure_tern=fake_tern, progress=False)
+    rows = res["rows"]
+    assert [(r["engine"], r["threads"]) for r in rows] == [("tern", 1), ("llama.cpp", 1), ("tern", 2), ("llama.cpp", 2)]
+    assert read_jsonl(tmp_path / "res" / "bench" / "peers.jsonl") == rows
+    assert len({r["run_id"] for r in rows}) == 1 and res["note"] == "" and res["errors"] == []
+    for r in rows:
+        assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        assert set(r["host_activity"]) == ({"foreign_cpu_frac", "steal_frac"} if sys.platform == "linux" else set())
+        assert r["gbps_end_to_end"] == pytest.approx(r["bytes_per_token"] * r["tok_per_s"] / 1e9)
+        assert r["read_gbps_at_ws"] == pytest.approx(100.0)  # ~0.6 MB: inside the 1 MiB cache
+        assert r["bandwidth_fraction"] == pytest.approx(r["gbps_end_to_end"] / r["read_gbps_at_ws"])
+    tern, llama = rows[0], rows[1]
+    assert tern["engine_bytes_per_token"] > tern["bytes_per_token"]  # fp16 head read as fp32
+    assert llama["tok_per_s"] == 110.0 and llama["samples_tok_per_s"] == [100.0, 110.0, 120.0]
+    assert llama["llama_cpp"]["build_commit"] == "fake123" and llama["llama_cpp"]["label"] == "test build"
+    assert llama["gguf"] == {"body": "TQ2_0", "n_kv_heads": 4}
+    assert llama["model_file"].endswith(".gguf") and tern["model_file"].endswith(".tern")
+    assert llama["total_params"] == tern["total_params"]  # same dimensions, both files
+    assert abs(llama["bytes_per_token"] / tern["bytes_per_token"] - 1) < 0.05
+    args = [json.loads(x) for x in log.read_text().splitlines()]
+    assert args[0][args[0].index("-p") + 1] == "0" and args[0][args[0].index("-o") + 1] == "jsonl"
+    assert [a[a.index("-t") + 1] for a in args] == ["1", "2"]
+    table = peers_table(rows)
+    assert table[0]["by_threads"][1]["tern_over_llama"] == pytest.approx(200.0 / 110.0)
+    text = render_peers(res)
+    assert "tiny" in text and "1.82" in text
+    assert len(peers_rows(tmp_path / "res")) == 4
+    fig = plot_peers(rows, host)
+    assert len(fig.axes) == 2 and fig.axes[0].get_ylabel().startswith("tok/s")
+    sweep = {"kind": "sweep_point", "family": "fixed_active", "budget": "30m", "threads": 1, "tok_per_s": 10.0,
+             "active_bytes": 1e9, "total_bytes": 2e9}
+    ax = plot_utilisation(rows + [sweep], host).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert set(lines) == {"peers tern, 1 thread(s)", "peers tern, 2 thread(s)", "peers llama.cpp, 1 thread(s)",
+                          "peers llama.cpp, 2 thread(s)", "sweep fixed_active 30m, 1 thread(s)"}
+    assert list(lines["sweep fixed_active 30m, 1 thread(s)"].get_ydata()) == [pytest.approx(0.5)]  # 10 of 20 GB/s
+    with pytest.raises(ValueError, match="host profile"):
+        plot_utilisation(rows, dataclasses.replace(host, bandwidth=()))
+
+
+def test_tern_alone_without_llama_or_profile(tmp_path):
+    res = run_peers([TINY, SHAPES["sandbox"]], [1], tmp_path, tokens=8, repeats=1, warmup=0,
+                    measure_tern=fake_tern, progress=False)
+    assert {r["engine"] for r in res["rows"]} == {"tern"} and len(res["rows"]) == 2
+    assert res["note"] == HOW_TO_GET_LLAMA and "benchmarks/README.md" in res["note"]
+    assert all(r["bandwidth_fraction"] is None and "tern probe" in r["bandwidth_note"] for r in res["rows"])
+    assert not list((tmp_path / "models" / "peers").glob("*.gguf"))  # no GGUF without llama.cpp
+    with pytest.raises(ValueError, match="tokens"):
+        run_peers([TINY], [1], tmp_path, tokens=0)
+    with pytest.raises(ValueError, match="threads"):
+        run_peers([TINY], [0], tmp_path)
+
+
+def test_host_activity_counts_what_others_used():
+    hz, n = os.sysconf("SC_CLK_TCK"), os.cpu_count()
+    before = (10.0, [1000, 0, 500, 9000, 0, 0, 0, 0], 3.0)
+    after = (12.0, [1000 + 3 * hz, 0, 500 + hz, 9000, 0, 0, 0, hz // 2], 5.5)  # 4 s busy, 2.5 s the child's
+    a = host_activity(before, after)
+    assert a["foreign_cpu_frac"] == pytest.approx(1.5 / (2.0 * n))
+    assert a["steal_frac"] == pytest.approx(0.5 / (2.0 * n))
+    assert host_activity(None, after) == {}
+    rows = [{"kind": "peers", "engine": "llama.cpp", "shape": "x", "dims": "d", "threads": 2, "total_params": 1,
+             "bytes_per_token": 1, "tok_per_s": 1.0, "gbps_end_to_end": 1e-9, "host_activity": a}]
+    text = render_peers({"rows": rows, "records": "r.jsonl"})
+    assert ("disturbed" in text) == (a["foreign_cpu_frac"] > 0.05)
+
+
+def test_latest_rows_keep_the_last_run():
+    a = {"kind": "peers", "engine": "tern", "shape": "x", "threads": 1, "tok_per_s": 1.0}
+    b = {**a, "tok_per_s": 2.0}
+    assert latest_rows([a, {**a, "threads": 2}, b]) == [b, {**a, "threads": 2}]
+
+
+def test_llama_failure_keeps_the_other_rows(tmp_path, fake_llama):
+    exe, _ = fake_llama
+
+    def broken(*_args):
+        raise RuntimeError("llama-bench failed: bad magic")
+
+    res = run_peers([TINY], [1], tmp_path, tokens=8, repeats=1, llama_bench=exe, measure_tern=fake_tern,
+                    measure_llama=broken, progress=False)
+    assert [r["engine"] for r in res["rows"]] == ["tern"] and "bad magic" in res["errors"][0]
+
+
+@pytest.mark.slow
+def test_real_engine_and_fake_llama_through_the_cli(tmp_path, fake_llama, capsys):
+    """The whole command: tern's real worker on the tiny shape, the fake llama-bench."""
+    rc = tern_main(["bench", "peers", "--shapes", "tiny", "--threads", "1", "--tokens", "8", "--repeats", "2",
+                    "--warmup", "2", "--results", str(tmp_path), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    tern = next(r for r in out["rows"] if r["engine"] == "tern")
+    assert tern["tok_per_s"] > 0 and len(tern["samples_tok_per_s"]) == 2
+    assert tern["engine_settings"]["threads"] == 1
+    assert [r["engine"] for r in out["rows"]] == ["tern", "llama.cpp"]
+    assert tern_main(["bench", "peers", "--shapes", "nope", "--results", str(tmp_path)]) == 2

@@ -1,0 +1,66 @@
+"""benchmarks/op_breakdown.py: the instrumented token step computes exactly the engine's
+logits (every mixer, dense MLP, shared and routed experts, sequential and expert-parallel),
+and its per-category cycles account for the token."""
+
+import importlib.util
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+from conftest import SMALL
+
+from tern.packed.writer import random_model
+from tern.run.engine import Engine
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "op_breakdown.py"
+
+
+@pytest.fixture(scope="module")
+def ob():
+    spec = importlib.util.spec_from_file_location("op_breakdown", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return random_model(SMALL.replace(activation="silu"), tmp_path_factory.mktemp("ob") / "small.tern", seed=3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_instrumented_step_matches_the_engine(ob, model, threads):
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip("needs 2 numba threads")
+    # par_min_weights 0: every matrix and the routed experts take the parallel paths at 2 threads
+    ref, eng = (Engine(model, threads=threads, par_min_weights=0) for _ in range(2))
+    acc = np.zeros(len(ob.CATEGORIES), np.int64)
+    toks = np.random.default_rng(0).integers(0, SMALL.vocab_size, 12)  # past the window of 8
+    ref.reset()
+    want = [ref.step(int(t)) for t in toks]
+    eng.reset()
+    before, after = eng._before, eng._after
+    for t, w in zip(toks, want, strict=True):
+        ob.timed_token_step(*before, int(t), *after, acc)
+        assert np.array_equal(eng.logits, w)
+    assert np.array_equal(eng.expert_counts, ref.expert_counts) and eng.position == len(toks)
+    assert (acc >= 0).all()
+    used = {c for c, v in zip(ob.CATEGORIES, acc, strict=True) if v > 0}
+    expected = {"embed", "norm", "quantize", "mixer matvec", "attention", "ssm conv", "ssm scan", "router",
+                "residual", "head matvec", "ffn gate+up matvec", "activation", "ffn down matvec"}
+    if threads > 1:
+        expected.add("experts (parallel region)")
+    assert expected <= used
+
+
+def test_breakdown_accounts_for_the_token(ob, model):
+    eng = Engine(model)
+    b = ob.breakdown(eng, tokens=4, repeats=1, warmup=1)
+    assert set(b["s_per_token"]) == set(ob.CATEGORIES)
+    total = sum(b["s_per_token"].values())
+    assert 0 < total <= b["instrumented_s"]["median"] * 1.5  # cycles inside the timed calls
+    assert b["matrix_s"] + b["beyond_matrix_s"] == pytest.approx(total)
+    assert b["cycles_per_second"] > 1e8
+    with pytest.raises(ValueError, match="moe_skip"):
+        ob.breakdown(Engine(model, moe_skip=False), tokens=1, repeats=1)

@@ -1,0 +1,76 @@
+"""Bandwidth utilisation of decode rows (tern.measure.utilisation)."""
+
+import numpy as np
+import pytest
+
+from tern.core.config import ModelConfig, param_counts, tensor_specs
+from tern.measure.utilisation import (
+    NO_PROFILE,
+    decode_utilisation,
+    engine_bytes_per_token,
+    row_utilisation,
+    with_utilisation,
+)
+from tern.packed.writer import random_model
+from tern.predict.roofline import synthetic_profile
+
+HOST = synthetic_profile(llc_bytes=1 << 20, cache_gbps=100.0, dram_gbps=20.0)
+CFG = ModelConfig(name="u", vocab_size=64, d_model=32, n_layers=2, attn_layers=(0, 1), n_heads=2,
+                  mlp_hidden=0, moe_layers=(0, 1), n_experts=4, top_k=2, expert_hidden=32,
+                  router_format="int8", embed_format="fp16", head_format="fp16", tie_embeddings=False,
+                  activation="silu")
+
+
+def test_decode_utilisation_divides_by_the_read_rate_at_the_working_set():
+    dram = decode_utilisation(50.0, 2e8, 1e9, 1, HOST)  # 10 GB/s from a DRAM-sized model
+    assert dram["gbps_end_to_end"] == pytest.approx(10.0)
+    assert dram["read_gbps_at_ws"] == pytest.approx(20.0) and dram["bandwidth_fraction"] == pytest.approx(0.5)
+    cache = decode_utilisation(50.0, 2e8, 1e5, 1, HOST)  # the same bytes from a cache-sized working set
+    assert cache["read_gbps_at_ws"] == pytest.approx(100.0) and cache["bandwidth_fraction"] == pytest.approx(0.1)
+    none = decode_utilisation(50.0, 2e8, 1e9, 1, None)
+    assert none["gbps_end_to_end"] == pytest.approx(10.0) and none["bandwidth_fraction"] is None
+    assert none["bandwidth_note"] == NO_PROFILE
+    for bad in (0.0, float("nan"), -1.0):
+        with pytest.raises(ValueError, match="tok_per_s"):
+            decode_utilisation(bad, 1.0, 1.0, 1, HOST)
+    with pytest.raises(ValueError, match="threads"):
+        decode_utilisation(1.0, 1.0, 1.0, 0, HOST)
+
+
+def test_row_utilisation_reads_every_decode_row_kind():
+    sweep = {"kind": "sweep_point", "tok_per_s": 50.0, "threads": 1, "active_bytes": 2e8, "total_bytes": 1e9}
+    peers = {"tok_per_s": 50.0, "threads": 1, "bytes_per_token": 2e8, "working_set_bytes": 1e9,
+             "active_bytes": 1.0, "total_bytes": 1.0}  # the explicit fields win
+    for row in (sweep, peers):
+        assert row_utilisation(row, HOST)["bandwidth_fraction"] == pytest.approx(0.5)
+    ladder = {"tok_per_s": {"median": 1000.0, "min": 900.0}, "threads": 1, "config": CFG.name}
+    with pytest.raises(ValueError, match="pass the model's config"):
+        row_utilisation(ladder, HOST)
+    pc = param_counts(CFG)
+    u = row_utilisation(ladder, HOST, cfg=CFG)
+    assert u["gbps_end_to_end"] == pytest.approx(1000.0 * pc.active.bytes / 1e9)
+    with_cfg = row_utilisation({**sweep, "active_bytes": None, "total_bytes": None, "config": CFG.to_dict()}, HOST)
+    assert with_cfg["gbps_end_to_end"] == pytest.approx(50.0 * pc.active.bytes / 1e9)
+    with pytest.raises(ValueError, match="tok_per_s"):
+        row_utilisation({"threads": 1}, HOST)
+    out = with_utilisation([sweep], HOST)
+    assert out[0]["bandwidth_fraction"] == pytest.approx(0.5) and "bandwidth_fraction" not in sweep
+
+
+def test_engine_bytes_count_the_engines_load_time_conversions(tmp_path):
+    from tern.run.engine import Engine
+
+    pc = param_counts(CFG)
+    D, V, E = CFG.d_model, CFG.vocab_size, CFG.n_experts
+    routers_fp32 = CFG.n_layers * E * D * 4
+    routers_file = sum(s.nbytes for s in tensor_specs(CFG) if s.group == "router")
+    want = pc.active.bytes + V * D * 2 + D * 2 + routers_fp32 - routers_file
+    assert engine_bytes_per_token(CFG) == want
+    fp32 = CFG.replace(embed_format="fp32", head_format="fp32", router_format="fp32")
+    assert engine_bytes_per_token(fp32) == param_counts(fp32).active.bytes  # nothing converted
+    # the engine does hold the fp16 head and the int8 routers as fp32 copies
+    path = random_model(CFG, tmp_path / "u.tern", seed=0)
+    eng = Engine(path)
+    assert eng.aux.size >= 2 * V * D * 4 + routers_fp32  # embedding + head + routers in fp32
+    assert np.isfinite(eng.step(1)).all()
+    eng.close()
