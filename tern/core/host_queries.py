@@ -211,3 +211,16 @@ def effective_llc_bytes(host: HostProfile, threads: int = 1) -> int:
     """Size of the last cache tier the measured read curve shows (0: no cliff measured)."""
     caches = [t for t in effective_tiers(host, threads) if t.size_bytes > 0]
     return caches[-1].size_bytes if caches else 0
+
+
+def cache_marks(host: HostProfile, threads: int = 1) -> list[tuple[str, int]]:
+    """(name, bytes) of every cache tier the measured read curve shows at ``threads``
+    (:func:`effective_tiers`), where figures mark "the cliff"; the declared capacities
+    (/sys, or a reference host's published sizes) when the profile is not measured or its
+    curve shows no cliff."""
+    marks = [(t.name, t.size_bytes) for t in effective_tiers(host, threads) if t.size_bytes > 0] \
+        if host.measured else []  # a reference profile's curve is drawn from its declared caches
+    if marks:
+        return marks
+    return [(f"L{c.level}", cap) for c in cache_levels(host)
+            if (cap := cache_capacity_bytes(host, c.level, threads))]

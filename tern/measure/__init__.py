@@ -8,6 +8,13 @@ the submodule defining X."""
 from tern.core.lazy import lazy_exports
 
 _EXPORTS = {
+    "load_hosts": "hosts",
+    "repredict": "hosts",
+    "accuracy_report": "hosts",
+    "verdict_text": "hosts",
+    "save_host": "hosts",
+    "hosts_report": "hosts",
+    "plot_hosts": "plots_hosts",
     "BUDGETS": "sweep",
     "PeerShape": "peers",
     "SHAPES": "peers",
@@ -42,7 +49,6 @@ _EXPORTS = {
     "run_peers": "peers",
     "run_sweep": "sweep",
     "select_shapes": "peers",
-    "time_steps": "ladder",
     "write_gguf": "peers_gguf",
 }
 __all__ = sorted(_EXPORTS)

@@ -125,6 +125,31 @@ def cli_render_sweep(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cli_configure_hosts(p: Any) -> None:
+    p.add_argument("--root", default=None, help="committed hosts folder (default: benchmarks/hosts)")
+    p.add_argument("--save", metavar="LABEL", default=None,
+                   help="commit this machine as LABEL: --profile and --rows are copied into ROOT/LABEL")
+    p.add_argument("--profile", default="results/host_profile.json", help="profile to commit (with --save)")
+    p.add_argument("--rows", default="results/bench/sweep.jsonl", help="sweep rows to commit (with --save)")
+    p.add_argument("--note", default="", help="a note stored with the committed host")
+
+
+def cli_run_hosts(args: Any) -> dict[str, Any]:
+    from tern.measure.hosts import hosts_report, save_host
+
+    saved = None
+    if args.save:
+        saved = str(save_host(args.save, args.profile, args.rows, root=args.root, note=args.note))
+    return {"bench": "hosts", "saved": saved, "hosts": hosts_report(args.root)}
+
+
+def cli_render_hosts(r: dict[str, Any]) -> str:
+    from tern.measure.hosts import render_hosts_report
+
+    head = [f"committed {r['saved']}"] if r.get("saved") else []
+    return "\n".join(head + [render_hosts_report(r["hosts"])])
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "ladder": ("ablation ladder: tok/s and BPB of each engine optimization on the sandbox",
                _configure_ladder, _run_ladder, render_ladder),
@@ -133,4 +158,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "peers": ("tern's engine beside llama.cpp's llama-bench on models of the same dimensions: "
               "tok/s, GB/s end to end, fraction of read bandwidth",
               cli_configure_peers, cli_run_peers, render_peers),
+    "hosts": ("committed hosts (benchmarks/hosts): every host's sweep predicted again from its own profile, "
+              "probe only; --save commits this one",
+              cli_configure_hosts, cli_run_hosts, cli_render_hosts),
 }

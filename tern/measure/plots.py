@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tern.core.config import ModelConfig, param_counts
 from tern.core.figure import subplots
 from tern.core.host_profile import HostProfile
-from tern.core.host_queries import cache_capacity_bytes
+from tern.core.host_queries import cache_marks
 from tern.core.records import read_jsonl
 from tern.measure.verdict import speed_checks
 from tern.predict.roofline import predict
@@ -24,12 +24,11 @@ def _panels(rows: list[dict[str, Any]], family: str) -> list[tuple[str, int]]:
 
 
 def _mark_caches(ax: Any, host: HostProfile, threads: int) -> None:
-    for lvl, style in ((2, ":"), (3, "--")):
-        cap = cache_capacity_bytes(host, lvl, threads)
-        if cap:
-            ax.axvline(cap, color="grey", ls=style, lw=1)
-            ax.text(cap, ax.get_ylim()[0], f" L{lvl} {cap / 2**20:.1f} MiB", rotation=90,
-                    va="bottom", ha="right", fontsize=7, color="grey")
+    marks = cache_marks(host, threads)[-2:]  # the last two cache tiers of the measured curve
+    for (name, cap), style in zip(marks, (":", "--")[-len(marks):], strict=True):
+        ax.axvline(cap, color="grey", ls=style, lw=1)
+        ax.text(cap, ax.get_ylim()[0], f" {name} {cap / 2**20:.1f} MiB", rotation=90,
+                va="bottom", ha="right", fontsize=7, color="grey")
 
 
 def _si_bytes(n: float) -> str:

@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator
 from tern.core.figure import subplots
 from tern.core.formats import get_format
 from tern.core.host_profile import HostProfile
-from tern.core.host_queries import cache_capacity_bytes, cache_levels
+from tern.core.host_queries import cache_marks
 from tern.predict.roofline import feasibility_grid, sweep_active, sweep_total
 
 DEFAULT_FORMATS = ("fp32", "fp16", "int8", "q4", "lut4", "tq2_0", "ternary2", "tq1_0", "ternary_b3")
@@ -27,7 +27,8 @@ def plot_knee(hosts: dict[str, HostProfile], active_params: float = 15e6, bits_p
               resident_fraction: float = 0.7, threads: int = 1, totals: list[float] | None = None,
               points: int = 80):
     """Predicted tok/s against total params at fixed active params, log-log, one line
-    per host; dotted verticals where the whole model's bytes equal each cache level."""
+    per host; dotted verticals where the whole model's bytes equal each cache tier the
+    host's measured read curve shows."""
     totals = totals or _geom(active_params, active_params * 1000, points)
     fig, ax = subplots(figsize=(7.5, 4.5))
     bpw = bits_per_weight / 8
@@ -35,11 +36,10 @@ def plot_knee(hosts: dict[str, HostProfile], active_params: float = 15e6, bits_p
         preds = sweep_total(host, active_params, totals, bits_per_weight, resident_fraction, threads)
         color = f"C{i}"
         ax.plot([p.total_params for p in preds], [p.tok_per_s for p in preds], color=color, label=label)
-        for c in cache_levels(host):
-            cap = cache_capacity_bytes(host, c.level, threads)
-            if cap and totals[0] <= cap / bpw <= totals[-1]:
+        for name, cap in cache_marks(host, threads):  # tiers of the measured curve (/sys: a hint)
+            if totals[0] <= cap / bpw <= totals[-1]:
                 ax.axvline(cap / bpw, color=color, ls=":", lw=1)
-                ax.text(cap / bpw, 0.02, f" L{c.level} {cap / 2**20:.3g} MiB", color=color, rotation=90,
+                ax.text(cap / bpw, 0.02, f" {name} {cap / 2**20:.3g} MiB", color=color, rotation=90,
                         va="bottom", fontsize=7, transform=ax.get_xaxis_transform())
     ax.set_xscale("log")
     ax.set_yscale("log")

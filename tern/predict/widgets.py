@@ -26,18 +26,22 @@ import numpy as np
 
 from tern.core.figure import figure_png, subplots
 from tern.core.host_profile import HostProfile
-from tern.core.host_queries import bandwidth_gbps, llc_capacity_bytes
+from tern.core.host_queries import bandwidth_gbps, effective_tiers, llc_capacity_bytes
 from tern.predict.hosts import load_reference_profile
 from tern.predict.pools import two_pool_from_params
 from tern.predict.roofline import predict_pools, sweep_total, synthetic_profile
 
 
 def explore_host(host: HostProfile, threads: int = 1, dram_gbps: float | None = None) -> HostProfile:
-    """A two-plateau host with ``host``'s LLC and cache bandwidth at ``threads`` and the
-    given DRAM bandwidth (default: ``host``'s, read far beyond the LLC)."""
-    llc = llc_capacity_bytes(host, threads) or 32 << 20
-    cache_gbps = bandwidth_gbps(host, llc / 2, threads)
-    dram = bandwidth_gbps(host, 64 * llc, threads) if dram_gbps is None else float(dram_gbps)
+    """A two-plateau host with the last cache tier of ``host``'s measured read curve at
+    ``threads`` (size and GB/s: tern.core.host_queries.effective_tiers; /sys sizes only when
+    the curve shows no cliff) and the given DRAM bandwidth (default: the curve's DRAM tier)."""
+    tiers = effective_tiers(host, threads) if host.measured else []  # measured tiers, not /sys sizes
+    caches = [t for t in tiers if t.size_bytes > 0]
+    llc = caches[-1].size_bytes if caches else (llc_capacity_bytes(host, threads) or 32 << 20)
+    cache_gbps = caches[-1].gbps if caches else bandwidth_gbps(host, llc / 2, threads)
+    dram = (tiers[-1].gbps if caches else bandwidth_gbps(host, 64 * llc, threads)) if dram_gbps is None \
+        else float(dram_gbps)
     return synthetic_profile(llc, cache_gbps, dram, threads,
                              label=f"{host.label} at {threads} thread(s), DRAM set to {dram:.3g} GB/s")
 

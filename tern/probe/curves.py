@@ -7,8 +7,9 @@ overlaps its arithmetic with the memory stream, and that differs from host to ho
 core that adds the two, another that hides most of the stall). So it is measured, not
 assumed: each weight-reading op runs over a cycle of ``k`` matrices of one shape whose
 bytes add up to the working set ``W`` — every matrix is read once per cycle, as every
-weight of a pool is read once per token — and the seconds per call are recorded at each
-``W``. The predictor (tern.predict.roofline) scales each op's per-weight cost by the
+weight of a pool is read once per token, in a fixed random order (routing picks experts
+in no useful order, so a prefetcher gets no run across matrices) — and the seconds per
+call are recorded at each ``W``. The predictor (tern.predict.roofline) scales each op's per-weight cost by the
 curve's slowdown at the pool's working set.
 
 Three ways an op runs at ``threads`` > 1, as the engine runs it (tern.kernels.policy,
@@ -77,11 +78,11 @@ def _drivers() -> dict[str, Callable]:
     from tern.kernels import ops
 
     @numba.njit(cache=True)
-    def ternary(P, S, xq, out, passes, par, skip, stream):
-        """P (k, rows, row_bytes): every matrix once per pass."""
+    def ternary(P, order, S, xq, out, passes, par, skip, stream):
+        """P (k, rows, row_bytes): every matrix once per pass, in ``order``."""
         xs = np.float32(0.01)
         for _ in range(passes):
-            for m in range(P.shape[0]):
+            for m in order:
                 if skip and par:
                     kt.ternary_matvec_skip_par(P[m], S, xq, xs, out)
                 elif skip:
@@ -96,7 +97,7 @@ def _drivers() -> dict[str, Callable]:
                     kt.ternary_matvec(P[m], S, xq, xs, out)
 
     @numba.njit(cache=True, parallel=True)
-    def ternary_experts(P, S, xq, outs, passes, skip, stream):
+    def ternary_experts(P, order, S, xq, outs, passes, skip, stream):
         """Groups of ``outs.shape[0]`` matrices at once, one per thread slot, each with the
         single-thread kernel (the engine's expert-parallel routed experts)."""
         xs = np.float32(0.01)
@@ -104,26 +105,27 @@ def _drivers() -> dict[str, Callable]:
         for _ in range(passes):
             for base in range(0, P.shape[0] - slots + 1, slots):
                 for c in numba.prange(slots):
+                    m = order[base + c]
                     if skip:
-                        kt.ternary_matvec_skip(P[base + c], S, xq, xs, outs[c])
+                        kt.ternary_matvec_skip(P[m], S, xq, xs, outs[c])
                     elif stream:
-                        kt.ternary_matvec_stream(P[base + c], S, xq, xs, outs[c])
+                        kt.ternary_matvec_stream(P[m], S, xq, xs, outs[c])
                     else:
-                        kt.ternary_matvec(P[base + c], S, xq, xs, outs[c])
+                        kt.ternary_matvec(P[m], S, xq, xs, outs[c])
 
     @numba.njit(cache=True)
-    def int8(W, S, x, out, passes, par):
+    def int8(W, order, S, x, out, passes, par):
         for _ in range(passes):
-            for m in range(W.shape[0]):
+            for m in order:
                 if par:
                     ops.matvec_int8w_par(W[m], S, x, out)
                 else:
                     ops.matvec_int8w(W[m], S, x, out)
 
     @numba.njit(cache=True)
-    def fp32(W, x, out, passes, par):
+    def fp32(W, order, x, out, passes, par):
         for _ in range(passes):
-            for m in range(W.shape[0]):
+            for m in order:
                 if par:
                     kd.matvec_fp32_parallel_nb(W[m], x, out)
                 else:
@@ -168,6 +170,7 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
     f32 = np.float32
     r, c = shape
     par = split == "rows"
+    order = rng.permutation(n_mats).astype(np.int64)  # routed experts come in no useful order
     if op.startswith("ternary"):
         rb = (c + 3) // 4
         P = buf.view(np.uint8, (n_mats, r, rb))
@@ -181,17 +184,17 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
         S = np.ones(n_out, f32)
         if split == "experts":
             outs = np.zeros((threads, n_out), f32)
-            return lambda n: d["ternary_experts"](P, S, xq, outs, n, skip, stream)
+            return lambda n: d["ternary_experts"](P, order, S, xq, outs, n, skip, stream)
         out = np.zeros(n_out, f32)
-        return lambda n: d["ternary"](P, S, xq, out, n, par, skip, stream)
+        return lambda n: d["ternary"](P, order, S, xq, out, n, par, skip, stream)
     if op == "int8_matvec":
         W = buf.view(np.int8, (n_mats, r, c))
         S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["int8"](W, S, x, out, n, par)
+        return lambda n: d["int8"](W, order, S, x, out, n, par)
     if op == "fp32_matvec":
         W = buf.view(np.float32, (n_mats, r, c))
         x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["fp32"](W, x, out, n, par)
+        return lambda n: d["fp32"](W, order, x, out, n, par)
     raise ValueError(f"no working-set curve for op {op!r}; ops: {sorted(CURVE_SHAPES)}")
 
 

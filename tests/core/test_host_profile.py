@@ -60,3 +60,25 @@ def test_missing_and_garbage(tmp_path):
     f.write_text("{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         HostProfile.load(f)
+
+
+def test_effective_tiers_follow_the_measured_curve_not_sys():
+    """A VM slice of a 480 MiB shared L3 that reads like a ~3 MiB cache: the tiers come
+    from the curve (L1, L2, a small L3, DRAM), whatever /sys says."""
+    from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
+    from tern.core.host_queries import cache_marks, effective_llc_bytes, effective_tiers
+
+    def rate(ws):
+        return 170.0 if ws <= 48 << 10 else 120.0 if ws <= 1536 << 10 else 29.0 if ws <= 48 << 20 else 18.0
+
+    pts = tuple(BandwidthPoint("read", 1, int(2 ** (e / 4)), rate(2 ** (e / 4)), rate(2 ** (e / 4)), 3)
+                for e in range(48, 118))  # 4 KiB .. 768 MiB, 4 points per octave
+    sys_l3 = CacheLevel(3, "Unified", 480 << 20, 1, 2)
+    host = HostProfile("vm", True, {}, (sys_l3,), "/sys", pts)
+    tiers = effective_tiers(host, 1)
+    assert [t.name for t in tiers] == ["L1", "L2", "L3", "DRAM"]
+    assert [round(t.gbps) for t in tiers] == [170, 120, 29, 18]
+    assert 32 << 20 < effective_llc_bytes(host) < 64 << 20  # the measured cliff, not 480 MiB
+    assert cache_marks(host)[-1][1] == effective_llc_bytes(host)
+    ref = HostProfile("ref", False, {}, (sys_l3,), "published", pts)
+    assert cache_marks(ref) == [("L3", 480 << 20)]  # not measured: the declared sizes
