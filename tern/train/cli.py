@@ -14,6 +14,7 @@ from typing import Any
 import torch  # noqa: E402
 
 from tern.core.config import ModelConfig, load_config  # noqa: E402
+from tern.core.records import clean_stale_temps
 from tern.packed.format import CHECKS, default_tokenizer
 from tern.packed.reader import validate_packed
 from tern.packed.writer import random_model
@@ -103,6 +104,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfi
 
 def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     mcfg, tc = configs_from_args(args)
+    clean_stale_temps(args.out)  # temps of a killed earlier run's checkpoint writes (~100 MB each)
     res = run_training(mcfg, tc, args.out, progress=not args.no_progress, resume=args.resume)
     with contextlib.suppress(ValueError, ImportError):
         from tern.train.plots import plot_run

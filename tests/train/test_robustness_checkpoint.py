@@ -136,9 +136,14 @@ def test_tern_export_and_train_resume_exit_2_on_a_corrupted_checkpoint(tmp_path,
     assert not (tmp_path / "out.tern").exists()
     cfg_json = tmp_path / "tiny.json"
     cfg_json.write_text(TINY_1024.to_json(), encoding="utf-8")
+    stale = tmp_path / "run2" / ".checkpoint.pt.k2j4x9_a.tmp"  # left by a killed earlier run
+    stale.parent.mkdir()
+    stale.write_bytes(b"\0" * 100)
+    os.utime(stale, (time.time() - STALE_TEMP_S - 1,) * 2)
     assert cli.main(["train", "--preset", str(cfg_json), "--steps", "3", "--batch-size", "4", "--seq-len",
                      "32", "--resume", str(path), "--out", str(tmp_path / "run2"), "--no-progress"]) == 2
     assert_one_line_error(capsys.readouterr().err, "tern train: error:", str(path), "embed.weight", "corrupted")
+    assert not stale.exists()  # `tern train` removes stale temps in --out when it starts
 
 
 def test_corrupted_values_and_checksums_are_caught(tmp_path):
