@@ -17,7 +17,8 @@ Per thread count, in one process: a warm-up, then ``--repeats`` interleaved runs
 (b) the bare numba ``token_step`` (no Python checks) and (c) the instrumented step; each
 category's seconds per token is the median over repeats. The instrumented total against (b)
 is the timers' own cost; (a) minus (b) is the Python per-token cost. One JSONL row per thread
-count (<results>/bench/op_breakdown.jsonl: tern.core.records.run_metadata, medians, spread).
+count (<results>/bench/op_breakdown.jsonl: tern.core.records.run_metadata, medians, spread, and
+the bandwidth utilisation of Engine.step: tern.measure.utilisation, against <results>/host_profile.json).
 
     .venv/bin/python benchmarks/op_breakdown.py [--model FILE.tern] [--threads 1 2]
 
@@ -291,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=8)
     args = ap.parse_args(argv)
+    from tern.core.host_profile import HostProfile
     from tern.measure.sweep import BUDGETS, ensure_model
+    from tern.measure.utilisation import decode_utilisation
     from tern.run.engine import Engine
 
     res = Path(args.results)
+    profile = res / "host_profile.json"
+    host = HostProfile.load(profile) if profile.exists() else None
     path = Path(args.model) if args.model else ensure_model(
         BUDGETS["30m"].replace(name="dram250", n_experts=64, top_k=52), res / "models")
     for t in args.threads:
@@ -305,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                "config": eng.cfg.to_dict(), "engine": eng.describe(), "active_bytes": pc.active.bytes,
                "total_bytes": pc.total.bytes, "tokens": args.tokens, "repeats": args.repeats,
                "warmup": args.warmup, "tok_per_s": 1.0 / b["step_s"]["median"], **b}
+        row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host))
         append_jsonl(res / "bench" / "op_breakdown.jsonl", row)
         print(json.dumps({"threads": t, "tok_per_s": row["tok_per_s"], "step_ms": b["step_s"]["median"] * 1e3,
+                          "gbps_end_to_end": row["gbps_end_to_end"], "bandwidth_fraction": row["bandwidth_fraction"],
                           "python_ms": b["python_s"] * 1e3, "timer_overhead_ms": b["timer_overhead_s"] * 1e3,
                           "ms_per_token": {c: round(v * 1e3, 4) for c, v in b["s_per_token"].items() if v},
                           "share": {c: round(v, 4) for c, v in b["share_of_step"].items() if v}}))
