@@ -40,12 +40,11 @@ ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "
             "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions")
 
 
-def hosts_root() -> Path:
-    """``benchmarks/hosts`` of the checkout (the committed hosts ship with the repository)."""
+def hosts_root() -> Path | None:
+    """``benchmarks/hosts`` of the checkout (the committed hosts live in the repository, not
+    in a wheel: None for a site install)."""
     root = repo_root()
-    if root is None:
-        raise ValueError("committed hosts live in a tern checkout (benchmarks/hosts); none was found")
-    return root / "benchmarks" / "hosts"
+    return None if root is None else root / "benchmarks" / "hosts"
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,8 @@ def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | 
     if not kept:
         raise ValueError(f"no sweep_point rows in {rows}")
     out = Path(root) if root is not None else hosts_root()
+    if out is None:
+        raise ValueError("committing a host needs a tern checkout (benchmarks/hosts) or an explicit root")
     folder = out / label
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(profile, folder / "host_profile.json")
@@ -85,6 +86,8 @@ def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | 
 def load_hosts(root: str | os.PathLike | None = None) -> list[CommittedHost]:
     """Every committed host under ``root`` (default :func:`hosts_root`), by label."""
     base = Path(root) if root is not None else hosts_root()
+    if base is None:  # a site install carries no committed hosts
+        return []
     out = []
     for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
         prof_path, rows_path = folder / "host_profile.json", folder / "sweep.jsonl"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+from tern.core.figure import subplots
 
 BAND = 0.20
 
@@ -19,7 +20,7 @@ def plot_hosts(hosts: dict[str, list[dict[str, Any]]], max_cols: int = 3) -> Fig
     n = len(hosts)
     cols = min(max_cols, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False, sharey=True)
+    fig, axes = subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False, sharey=True)
     for ax, (label, pts) in zip(axes.flat, hosts.items(), strict=False):
         for t, marker in ((1, "o"), (2, "s"), (4, "^"), (6, "D")):
             mine = [p for p in pts if p["threads"] == t]

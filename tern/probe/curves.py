@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from functools import lru_cache
 
 import numba
 import numpy as np
@@ -41,6 +42,7 @@ from tern.core.host_profile import OpCurve
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
+from tern.probe.ops import ENGINE_KERNEL_DEPS
 from tern.probe.timing import TimingConfig, timed_runs
 
 # op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
@@ -131,20 +133,13 @@ def _drivers() -> dict[str, Callable]:
                 else:
                     kd.matvec_fp32_nb(W[m], x, out)
 
-    drop_stale_cache(__file__, _DRIVER_DEPS, ternary)
+    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS, ternary)
     return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "fp32": fp32}
 
 
-_DRIVER_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
-                                              "kernels_dense.py", "fastmath.py"))
-_DRIVERS: dict[str, Callable] | None = None
-
-
+@lru_cache(maxsize=1)
 def drivers() -> dict[str, Callable]:
-    global _DRIVERS
-    if _DRIVERS is None:
-        _DRIVERS = _drivers()
-    return _DRIVERS
+    return _drivers()
 
 
 class CurveBuffer:

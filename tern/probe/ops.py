@@ -143,12 +143,13 @@ def _drivers():
         return s
 
     # the cached drivers embed the engine's kernels: drop them when those files changed
-    drop_stale_cache(__file__, _DRIVER_DEPS, ternary)
+    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS, ternary)
     return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector}
 
 
-_DRIVER_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
+# the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
+ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
                                               "kernels_dense.py", "fastmath.py"))
 
 

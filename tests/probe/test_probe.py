@@ -423,7 +423,7 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     f = tmp_path / "hp.json"
     prof.save(f)
     d = json.loads(f.read_text())
-    assert d["version"] == host_profile.VERSION == 2
+    assert d["version"] == host_profile.VERSION == 3
     assert len(d["bandwidth"][0]["runs_gbps"]) == 3 and "gbps_min" in d["bandwidth"][0]
     loaded = HostProfile.load(f)
     assert loaded == prof and isinstance(loaded.bandwidth[0].runs_at_s, tuple)
