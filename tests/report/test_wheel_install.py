@@ -10,6 +10,7 @@ corpus and gates)."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,38 +20,35 @@ from pathlib import Path
 
 import pytest
 
+from tern.report.captions import caption_for
+from tern.report.summary import answers
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("tern", "data", "gates", "notebooks", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 SHIPPED = ("data/corpus", "data/tokenizers", "gates", "notebooks")  # what a wheel must carry
 DEFAULT_NOTEBOOKS = "all"
 
 DRIVER = textwrap.dedent('''\
-    import json, os, sys, time
+    import json, sys
     from pathlib import Path
-    import nbformat, papermill
+    import nbformat
     import tern
     from tern.core.paths import repo_root, shipped_dir
+    from tern.report.build import REPORT_DEFAULT_PARAMS, notebooks_dir, run_report
 
-    site, work = Path(sys.argv[1]), Path(sys.argv[2])
+    site, work, only = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
     assert Path(tern.__file__).is_relative_to(site), tern.__file__
     assert repo_root() is None and shipped_dir("data").is_relative_to(site)
-    where = nbformat.v4.new_notebook()  # the kernel must import the same install
-    where.cells = [nbformat.v4.new_code_cell(
+    assert notebooks_dir().is_relative_to(site)  # `tern report` finds the installed notebooks
+    where = nbformat.v4.new_notebook()  # first, in its own kernel: the kernel imports this install
+    where.cells = [nbformat.v4.new_code_cell("SMOKE = True\\nRESULTS = 'results'"), nbformat.v4.new_code_cell(
         "import tern; from pathlib import Path\\n"
         f"assert Path(tern.__file__).is_relative_to({str(site)!r}), tern.__file__")]
+    where.cells[0].metadata["tags"] = ["parameters"]
     where.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(where, str(work / "where.ipynb"))
-    papermill.execute_notebook(str(work / "where.ipynb"), str(work / "where.out.ipynb"),
-                               kernel_name="python3", progress_bar=False)
-    times = {}
-    for name in sys.argv[3:]:
-        t0 = time.perf_counter()
-        papermill.execute_notebook(
-            str(work / "notebooks" / name), str(work / "out" / name), cwd=str(work / "notebooks"),
-            parameters={"SMOKE": True, "RESULTS": str(work / "results")},
-            kernel_name="python3", progress_bar=False, request_save_on_cell_execute=False)
-        times[name] = round(time.perf_counter() - t0, 1)
-    print("TIMES " + json.dumps(times))
+    nbformat.write(where, str(work / "notebooks" / "00_where.ipynb"))
+    run_report(work / "rep", smoke=True, only=["00", *only], nb_dir=work / "notebooks", progress=False,
+               params=REPORT_DEFAULT_PARAMS)
 ''')
 
 
@@ -93,16 +91,32 @@ def test_notebooks_run_from_a_wheel_install(tmp_path):
     site, work = tmp_path / "site", tmp_path / "work"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)])
     shutil.copytree(site / "tern" / "_shipped" / "notebooks", work / "notebooks")  # as uploaded
-    (work / "out").mkdir()
     wanted = os.environ.get("TERN_WHEEL_NOTEBOOKS", DEFAULT_NOTEBOOKS)
-    nbs = sorted(p.name for p in (work / "notebooks").glob("[0-9][0-9]_*.ipynb")
+    nbs = sorted(p.stem[:2] for p in (work / "notebooks").glob("[0-9][0-9]_*.ipynb")
                  if wanted == "all" or p.name[:2] in wanted.split(","))
     assert nbs, f"TERN_WHEEL_NOTEBOOKS={wanted!r} matches no notebook"
     env = {k: v for k, v in os.environ.items() if k not in ("TERN_DATA_DIR", "PYTHONPATH")}
     env["PYTHONPATH"] = str(site)
-    p = _run([sys.executable, "-c", DRIVER, str(site), str(work), *nbs], cwd=work, env=env, timeout=1800)
-    times = json.loads(p.stdout.split("TIMES ", 1)[1])
-    assert sorted(times) == nbs
-    print(f"wheel-only SMOKE run, seconds per notebook: {times}")
-    heads = {h.stem for h in (work / "results" / "headlines").glob("*.json")}
-    assert heads == {n.removesuffix(".ipynb") for n in nbs}, heads
+    _run([sys.executable, "-c", DRIVER, str(site), str(work), *nbs], cwd=work, env=env, timeout=1800)
+
+    rep = work / "rep"
+    report = json.loads((rep / "report.json").read_text())
+    runs = {r["name"]: r for r in report["notebooks"]}
+    print("wheel-only SMOKE report, seconds per notebook: "
+          + ", ".join(f"{n} {r['wall_s']:.1f}" for n, r in runs.items()))
+    assert {n: r["error"] for n, r in runs.items() if r["status"] != "ok"} == {}
+    assert sorted(n[:2] for n in runs) == ["00", *nbs]
+    assert set(report["headlines"]) == {n for n in runs if n != "00_where"}
+    # the index: every figure captioned, every figure the summary links to drawn, offline pages
+    uncaptioned = sorted(p.name for p in (rep / "results").rglob("*.png") if caption_for(p.name) is None)
+    assert uncaptioned == [], "add these to tern/report/captions.py"
+    lead, rows = answers(report["headlines"])
+    linked = [a.figure for a in [lead, *rows] if a is not None and a.text is not None and a.figure]
+    assert [f for f in linked if not list((rep / "results").rglob(f))] == []
+    index = (rep / "index.html").read_text(encoding="utf-8")
+    assert str(tmp_path) not in index
+    if wanted == "all":
+        assert "not run" not in index.split("<h2>Notebooks</h2>")[0]
+    for page in (rep / "notebooks").glob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert re.findall(r"<script\b[^>]*\bsrc=", text) == [], page.name
