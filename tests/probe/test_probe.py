@@ -437,9 +437,9 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     assert old.bandwidth[0].gbps_min is None and old.bandwidth[0].runs_gbps == ()
     assert old.bandwidth[0].span_s is None
     assert plateaus.plateau_table(old) == plateaus.plateau_table(prof)
-    d["version"] = 3
+    d["version"] = 4
     f.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="version 3 is not supported"):
+    with pytest.raises(ValueError, match="version 4 is not supported"):
         HostProfile.load(f)
 
 
