@@ -300,7 +300,9 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
               measure: Measure = measure_in_subprocess, quick: bool = False
               ) -> tuple[HostProfile, dict[str, float]]:
     """Measure the engine's per-token overhead and bandwidth efficiency on this host and
-    return (host with ``calibration`` filled, the figures). Keys per thread count t:
+    return (host with ``calibration`` filled, the figures). With kernel curves in the profile
+    (version 3) the kernels' DRAM rates are measured, so the efficiency stays 1.0 and only
+    the residual per-token overhead is checked. Keys per thread count t:
     ``per_token_overhead_s_t{t}``, ``bandwidth_efficiency_t{t}``; the plain keys hold t=1."""
     from dataclasses import replace
 
@@ -312,9 +314,12 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
         tiny_pt, dram_pt = calibration_points(t, quick)
         m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
         over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
-        m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)
-        eff = solve_efficiency(dram_pt.config, bare, t, over, 1.0 / m_dram["tok_per_s"])
-        if eff >= EFFICIENCY_RANGE[1]:
+        if host.op_curves:  # the kernels' own DRAM rates are measured: no efficiency to fit
+            eff = 1.0
+        else:
+            m_dram = measure(ensure_model(dram_pt.config, Path(models_dir)), dram_pt)
+            eff = solve_efficiency(dram_pt.config, bare, t, over, 1.0 / m_dram["tok_per_s"])
+        if eff >= EFFICIENCY_RANGE[1] and not host.op_curves:
             print(f"calibration ({t} threads): the engine streamed faster than the profile's read "
                   f"bandwidth allows; bandwidth efficiency capped at {EFFICIENCY_RANGE[1]} (re-run "
                   f"`tern probe` if the machine's bandwidth changed)", file=sys.stderr)
