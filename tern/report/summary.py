@@ -155,18 +155,26 @@ def run_answer(h: dict[str, Any]) -> str:
 
 
 def measure_answer(h: dict[str, Any]) -> str:
-    text = (f"measured / predicted tok/s: median {num(h.get('median_measured_over_predicted'))}, "
-            f"worst {num(h.get('worst_measured_over_predicted'))} over {num(h.get('points'))} points")
+    parts = []
+    if h.get("median_measured_over_predicted") is not None:
+        parts.append(f"measured / predicted tok/s: median {num(h['median_measured_over_predicted'])}"
+                     + (f", worst {num(h['worst_measured_over_predicted'])}"
+                        if h.get("worst_measured_over_predicted") is not None else ""))
+    if h.get("median_abs_error") is not None:
+        parts.append(f"median error {num(100 * h['median_abs_error'])} %")
     for k, v in sorted(h.items()):
         m = re.fullmatch(r"fraction_within_(\d+)pct", k)
         if m and v is not None:
-            text += f", {num(100 * v)} % of them within ±{m[1]} %"
+            parts.append(f"{num(100 * v)} % of {num(h.get('points'))} points within ±{m[1]} %")
+    if isinstance(h.get("meets_targets"), bool):
+        parts.append(f"meets its targets: {num(h['meets_targets'])}")
     pair = _per_thread(h, r"(?P<g>105m|206m)_tok_per_s_(?P<t>\d+)t")
     if pair:
         ts = sorted({t for v in pair.values() for t in v})
-        text += ("; at equal active params " + " vs ".join(f"{g.upper()} {_by_threads(v)}" for g, v in sorted(pair.items()))
-                 + f" tok/s ({_plural(ts)})")
-    return text
+        parts.append("at equal active params " + " vs ".join(f"{g.upper()} {_by_threads(v)}"
+                                                            for g, v in sorted(pair.items()))
+                     + f" tok/s ({_plural(ts)})")
+    return "; ".join(parts) or "no figures saved"
 
 
 def ten_b_answer(h: dict[str, Any]) -> str:
@@ -175,26 +183,35 @@ def ten_b_answer(h: dict[str, Any]) -> str:
     text = (f"{h.get('config', '?')} ({count(h.get('total_params'))} params, {count(h.get('active_params'))} "
             f"active, {size(h.get('packed_bytes'))} packed): measured {_by_threads(meas) or '–'} tok/s, "
             f"predicted {_by_threads(pred) or '–'} ({_plural(sorted(meas or pred))})")
-    if h.get("predicted_reaches_target") is not None:
+    reached = {int(m[1]): v for k, v in h.items()
+               if (m := re.fullmatch(r"measured_reaches_target_(\d+)t", k)) and isinstance(v, bool)}
+    if reached:
+        text += (f"; measured at the target on {_plural(sorted(reached))}: "
+                 f"{' / '.join(num(reached[t]) for t in sorted(reached))}")
+    elif h.get("predicted_reaches_target") is not None:
         text += f"; predicted to reach the target: {num(h['predicted_reaches_target'])}"
+    rss = [v for k, v in h.items() if k.startswith("peak_rss_bytes_") and isinstance(v, (int, float))]
+    if rss:
+        text += f"; peak RSS {size(max(rss))}"
     if h.get("smoke_stand_in"):
         text += " (SMOKE: measured on a stand-in with fewer experts, not the 10B model)"
     return text
 
 
 def decide_answer(h: dict[str, Any]) -> str | None:
-    parts = []
-    for k, verdict in sorted(h.items()):
-        if not k.endswith("_verdict"):
-            continue
-        gate = k.removesuffix("_verdict")
-        deltas = [(dk, dv) for dk, dv in sorted(h.items())
-                  if dk.startswith(f"{gate}_") and "_delta_" in dk and isinstance(dv, (int, float))]
-        detail = ", ".join(
-            f"Δ {num(dv)} ± {num(h.get(dk.replace('_delta_', '_se_')))} {dk.rsplit('_delta_', 1)[1].replace('val_bpb', 'bits/byte')}"
-            for dk, dv in deltas)
-        parts.append(f"{gate} {verdict}" + (f" ({detail})" if detail else ""))
-    return " · ".join(parts) or None
+    verdicts = {k.removesuffix("_verdict"): v for k, v in sorted(h.items()) if k.endswith("_verdict")}
+    if not verdicts:
+        return None
+    tally = ", ".join(f"{sum(v == x for v in verdicts.values())} {x}" for x in sorted(set(verdicts.values())))
+    text = (f"{len(verdicts)} gate{'s' * (len(verdicts) != 1)} ({tally}): "
+            + " · ".join(f"{g} {v}" for g, v in verdicts.items()))
+    if len(verdicts) == 1:  # one gate: its comparisons fit too
+        g = next(iter(verdicts))
+        text += "".join(f" (Δ {num(v)} ± {num(h.get(k.replace('_delta_', '_se_')))} "
+                        f"{k.rsplit('_delta_', 1)[1].replace('val_bpb', 'bits/byte')})"
+                        for k, v in sorted(h.items())
+                        if k.startswith(f"{g}_") and "_delta_" in k and isinstance(v, (int, float)))
+    return text
 
 
 def _pick(headlines: dict[str, dict], prefix: str) -> dict[str, Any] | None:

@@ -72,13 +72,32 @@ def test_answers_are_drawn_from_the_headlines():
     assert by["train"] == ("sandbox: 3.6 bits/byte on validation after 3 steps (384 tokens at 302 tok/s, "
                            "2.46 s on cpu)")
     assert by["run"] is None  # notebook 05 saved nothing
-    assert "median 1.42, worst 1.45 over 2 points, 50 % of them within ±25 %" in by["measure"]
-    assert "105M 2,590 vs 206M 2,470 tok/s (1 thread)" in by["measure"]
-    assert by["decide"] == "smoke pass (Δ -0.00371 ± 0.0021 bits/byte)"
+    assert by["measure"] == ("measured / predicted tok/s: median 1.42, worst 1.45; 50 % of 2 points within "
+                             "±25 %; at equal active params 105M 2,590 vs 206M 2,470 tok/s (1 thread)")
+    assert by["decide"] == "1 gate (1 pass): smoke pass (Δ -0.00371 ± 0.0021 bits/byte)"
     assert lead.text == ("d1024-L24-E256k8-h512 (9.86 B params, 503 M active, 2.54 GB packed): measured "
                          "99.7 / 116 tok/s, predicted 120 / 185 (1 / 2 threads); predicted to reach the "
                          "target: yes")
     assert answers({})[0] is None and all(a.text is None for a in answers({})[1])
+
+
+def test_answers_read_newer_headline_keys():
+    """Keys a notebook may add (median error, targets met, measured at the target, peak RSS)."""
+    _, rows = answers({"06_x": {"median_measured_over_predicted": 0.986, "median_abs_error": 0.0346,
+                                "fraction_within_20pct": 0.98, "points": 50, "meets_targets": True},
+                       "07_gates": {f"g{i}_verdict": v for i, v in enumerate(["fail", "pass", "inconclusive",
+                                                                              "inconclusive"])}})
+    by = {a.step: a.text for a in rows}
+    assert by["measure"] == ("measured / predicted tok/s: median 0.986; median error 3.46 %; 98 % of 50 "
+                             "points within ±20 %; meets its targets: yes")
+    assert by["decide"] == ("4 gates (1 fail, 2 inconclusive, 1 pass): g0 fail · g1 pass · g2 inconclusive"
+                            " · g3 inconclusive")
+    lead, _ = answers({"08_t": {"config": "c", "measured_tok_per_s_1t": 121.8, "measured_tok_per_s_2t": 144.7,
+                                "measured_reaches_target_1t": True, "measured_reaches_target_2t": False,
+                                "peak_rss_bytes_1t": 2931929088, "smoke_stand_in": True}})
+    assert lead.text == ("c (– params, – active, – packed): measured 122 / 145 tok/s, predicted – (1 / 2 "
+                         "threads); measured at the target on 1 / 2 threads: yes / no; peak RSS 2.93 GB "
+                         "(SMOKE: measured on a stand-in with fewer experts, not the 10B model)")
 
 
 def test_predictions_fall_back_to_the_reference_host():
