@@ -45,7 +45,10 @@ from tern.core.config import param_counts
 from tern.core.records import run_metadata
 from tern.decide.registry import REGISTRY_SCHEMA, _jsonable, append_row
 
-DEFAULT_WORKERS = 1  # `tern gate run --workers`: see benchmarks/gate_train_speed.py
+# `tern gate run --workers` default: on the 2-core reference host two single-thread runs
+# side by side train 14.4k (e8) / 12.0k (e64) tok/s together against 11.4k / 9.4k for one
+# two-thread run (capacity-gate models, medians of 15 steps, benchmarks/gate_train_speed.py)
+DEFAULT_WORKERS = 2
 AUTO_THREADS = -1  # Dask: cpu_count // (workers on the run's host), decided in the worker
 
 

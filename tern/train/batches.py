@@ -64,9 +64,11 @@ class ArraySource:
     def batch(self, seed: int, step: int, batch: int, seq_len: int) -> np.ndarray:
         return sample_windows(self.train, seed, step, batch, seq_len)
 
-    def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None) -> dict[str, Any]:
+    def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None,
+                 batch_size: int = 16) -> dict[str, Any]:
         w = val_windows(self.val, seq_len, max_tokens)
-        nats = sum(float(nll_fn(w[i:i + 16, :-1], w[i:i + 16, 1:])) for i in range(0, len(w), 16))
+        b = batch_size
+        nats = sum(float(nll_fn(w[i:i + b, :-1], w[i:i + b, 1:])) for i in range(0, len(w), b))
         tokens = int(w.shape[0] * seq_len)
         bpb = None
         if self.val_text_bytes and not max_tokens:
@@ -101,9 +103,11 @@ class CorpusSource:
     def batch(self, seed: int, step: int, batch: int, seq_len: int) -> np.ndarray:
         return sample_windows(self.train, seed, step, batch, seq_len)
 
-    def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None) -> dict[str, Any]:
+    def evaluate(self, nll_fn: NllFn, seq_len: int, max_tokens: int | None = None,
+                 batch_size: int = 16) -> dict[str, Any]:
         r = dict(self._data.val_bpb(nll_fn, tokenizer=self.tokenizer, seq_len=seq_len,
-                                    max_tokens=max_tokens or None, progress=False))
+                                    max_tokens=max_tokens or None, batch_size=batch_size,
+                                    progress=False))
         if r.get("tokens"):
             r["nats_per_token"] = r["nats"] / r["tokens"]
         return r

@@ -49,11 +49,19 @@ RESULT_NAME = "result.json"
 
 
 # ---- evaluation ------------------------------------------------------------------------
+# Validation windows per forward pass: every window is scored from an empty state, so the
+# batch changes only the fp32 summation order, not what is scored. On the 2-core reference
+# host 16 windows of 128 tokens measured fastest (8: 19.4 s, 16: 17.5 s, 32: 21.8 s, 64:
+# 23.9 s for the e8 / e64 capacity-gate models: larger logits fall out of cache;
+# benchmarks/gate_train_speed.py --eval --eval-batch).
+EVAL_BATCH = 16
+
+
 def make_nll_fn(model: torch.nn.Module, device: torch.device | str = "cpu",
                 autocast_dtype: torch.dtype | None = None):
     """nll_fn(x (B, T) int, y (B, T) int) -> summed nats (float) of the model predicting
-    every y[b, t] from x[b, :t + 1] (eval mode, no grad): the ``tern.data.val_bpb``
-    convention."""
+    every y[b, t] from x[b, :t + 1] (eval mode, inference mode: no autograd bookkeeping):
+    the ``tern.data.val_bpb`` convention."""
     device = torch.device(device)
 
     def nll_fn(x: np.ndarray, y: np.ndarray) -> float:
@@ -65,7 +73,7 @@ def make_nll_fn(model: torch.nn.Module, device: torch.device | str = "cpu",
         was = model.training
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.inference_mode():
                 ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
                        else contextlib.nullcontext())
                 with ctx:
@@ -379,9 +387,14 @@ def _finish(run: _Run, step: int, losses: deque, last_ckpt: Path | None, t_start
     return result
 
 
-def _evaluate(model, data, tc, dev, amp_dtype, max_tokens, rank):
+def _evaluate(model, data, tc, dev, amp_dtype, max_tokens, rank, batch_size: int = EVAL_BATCH):
+    """Validation figures on the data source's split (all of it unless ``max_tokens``), in
+    batches of ``batch_size`` windows where the source takes a batch size."""
+    import inspect
+
     nll = make_nll_fn(model, dev, autocast_dtype=amp_dtype)
-    ev = data.evaluate(nll, tc.seq_len, max_tokens or None)
+    kw = {"batch_size": batch_size} if "batch_size" in inspect.signature(data.evaluate).parameters else {}
+    ev = data.evaluate(nll, tc.seq_len, max_tokens or None, **kw)
     return {k: ev.get(k) for k in ("bpb", "nats", "tokens", "bytes", "nats_per_token")}
 
 

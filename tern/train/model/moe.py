@@ -5,10 +5,18 @@
     out = sum_s shared_s(x) + sum_j w_j * expert_{top_j}(x)
 
 Dropless: every token reaches all of its k experts. Dispatch sorts the (token, expert)
-assignments by expert; the experts then run either as batched matmuls over (E, cap, D)
-(cap = the busiest expert's count, padding rows dropped) or, when padding would add more
-than half the rows (imbalanced routing), one matmul pair per expert on its contiguous
-slice. The input quantization (per token) is shared by all experts; the weighted sum of
+assignments by expert; the experts then run as one grouped matmul pair over the sorted
+rows (``torch._grouped_mm``: each expert's contiguous slice times its own weights, no
+padding, one call for all experts — CPU default where torch has it), as batched matmuls
+over (E, cap, D) (cap = the busiest expert's count, padding rows dropped; CUDA default
+unless padding would add more than half the rows), or as one matmul pair per expert on
+its contiguous slice (the loop). All compute the same products: eval (integer dot
+products) is bit-identical across modes; in training, grouped and batched multiply the
+dequantized operands in fp32 whatever ``TrainConfig.cpu_matmul`` says (the loop's
+``"fp32"`` form, which grouped reproduces to rounding), while the loop in mode ``"int8"``
+takes the exact int8 product, equal up to fp32 rounding (tests/train/test_moe_batched.py).
+On the 2-core reference host grouped trains the capacity-gate models 1.1x (8 experts) to
+1.3x (64) faster than the loop (benchmarks/gate_train_speed.py). The input quantization (per token) is shared by all experts; the weighted sum of
 each token's k outputs is one fused kernel on CPU (``moe_numba``). Training adds a Switch-style
 balance loss ``E * sum_e f_e P_e`` (f_e: share of assignments, P_e: mean router
 probability) and the router z-loss ``mean(logsumexp(logits)**2)``.
@@ -20,8 +28,48 @@ import torch
 from torch import nn
 
 from tern.core.config import ModelConfig
-from tern.train.model.mlp import ZeroStats, gated_ffn
-from tern.train.model.ternary import Operand, is_ternary, prepare_input, prepare_weight
+from tern.train.model.mlp import ZeroStats, activation, gated_ffn
+from tern.train.model.ternary import QMAX, Operand, is_ternary, prepare_input, prepare_weight
+
+DISPATCH_MODES = ("auto", "grouped", "padded", "loop")
+_GROUPED: dict[str, bool] = {}
+
+
+def grouped_available(device: torch.device | str = "cpu") -> bool:
+    """Whether ``torch._grouped_mm`` runs float32 on ``device`` with its backward (probed
+    once per device type on a tiny case: a private torch API that may be missing)."""
+    kind = torch.device(device).type
+    if kind not in _GROUPED:
+        try:
+            a = torch.randn(12, 8, device=device, requires_grad=True)
+            b = torch.randn(3, 8, 4, device=device, requires_grad=True)
+            y = torch._grouped_mm(a, b, offs=torch.tensor([4, 4, 12], dtype=torch.int32, device=device))
+            y.backward(torch.ones_like(y))
+            _GROUPED[kind] = bool(torch.allclose(y[4:], a[4:] @ b[2], atol=1e-5)
+                                  and torch.count_nonzero(b.grad[1]) == 0)
+        except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+            _GROUPED[kind] = False
+    return _GROUPED[kind]
+
+
+def grouped_fits(d_model: int, hidden: int) -> bool:
+    """torch._grouped_mm wants row strides of whole 16-byte units: fp32 widths that are
+    multiples of 4."""
+    return d_model % 4 == 0 and hidden % 4 == 0
+
+
+def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: torch.Tensor) -> torch.Tensor:
+    """BitLinear products of rows sorted by expert with their own expert's weights, one
+    grouped matmul: xin (m, in) (rows of expert e at offs[e-1]:offs[e]), win (E, out, in),
+    offs (E,) int32 cumulative row counts, row_expert (m,) -> (m, out). Training: the fp32
+    product of the dequantized operands (STE gradients, as the batched mode); eval: the
+    integer dot product, then ``s_r * (a / 127)`` in the order tern.train.model.ternary.qmatmul
+    uses, so eval is bit-identical to the per-expert loop."""
+    acc = torch._grouped_mm(xin.values, win.values.transpose(-1, -2), offs=offs)  # (m, out)
+    if xin.scale is None:
+        return acc
+    s = win.scale.squeeze(-1).index_select(0, row_expert)  # (m, out) each row's expert's scales
+    return s * (xin.scale / QMAX) * acc
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,9 +151,9 @@ class MoE(nn.Module):
         self.shared_stats = ZeroStats()
         self.load = ExpertLoad(cfg.n_experts)
         self.aux: dict[str, torch.Tensor] = {}
-        # "auto": on CUDA batched over experts unless padding would add > 50 % rows, on CPU
-        # the loop (fewer FLOPs; the sandbox trains ~15 % faster than batched here);
-        # "loop": one matmul pair per expert; "padded": always batched (identical results)
+        # "auto": CPU grouped (torch._grouped_mm; the loop where torch lacks it), CUDA batched
+        # over experts unless padding would add > 50 % rows (else the loop); "grouped",
+        # "padded", "loop": that mode always (benchmarks/gate_train_speed.py measures them)
         self.dispatch = "auto"
 
     def _experts_loop(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
@@ -116,6 +164,25 @@ class MoE(nn.Module):
         ys = [gated_ffn(x_e[e], gu[e], dn[e], self.hidden, self.act, self.eps, tr, et, self.stats)
               for e, c in enumerate(counts) if c]
         return torch.cat(ys, 0)  # (n*k, D)
+
+    def _experts_grouped(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
+        """All experts in one grouped matmul pair over the sorted rows (no padding)."""
+        dev = xs.values.device
+        cnt = torch.tensor(counts, device=dev)  # (E,)
+        offs = torch.cumsum(cnt, 0).to(torch.int32)  # (E,) end row of each expert
+        row_expert = torch.repeat_interleave(torch.arange(self.n_experts, device=dev), cnt)  # (n*k,)
+        gu_w, down_w = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H)
+        gu = grouped_qmatmul(xs, gu_w, offs, row_expert)  # (n*k, 2H)
+        if tr and et:
+            from tern.train.model import ffn_numba
+
+            if ffn_numba.usable(gu):  # CPU: activation + down-input quantization fused
+                v, q, c = ffn_numba.gated_act_quant(gu, self.act, self.eps)  # (n*k, H) ...
+                return grouped_qmatmul(Operand(v, None, q, c), down_w, offs, row_expert)
+        h = activation(self.act, gu[:, :self.hidden], gu[:, self.hidden:])  # (n*k, H)
+        if not tr:  # zero count in eval passes (every row is a real assignment)
+            self.stats.add(h)
+        return grouped_qmatmul(prepare_input(h, self.eps, tr, et), down_w, offs, row_expert)  # (n*k, D)
 
     def _experts_padded(self, xs, counts: list[int], tr: bool, et: bool) -> torch.Tensor:
         """All experts in batched matmuls over (E, cap, D), cap = the largest expert's
@@ -158,14 +225,22 @@ class MoE(nn.Module):
         tok = order // k  # token of each sorted assignment
         counts = torch.bincount(flat, minlength=E).tolist()
         xs = xin.map(lambda t: t.index_select(0, tok))  # (n*k, D) sorted by expert
-        if self.dispatch == "auto":  # CPU: the loop (measured faster at every balance); GPU: batched
-            padded = x2.is_cuda and max(counts) * E <= 1.5 * n * k  # unless padding adds > 50 % rows
-        else:
-            padded = self.dispatch == "padded"
-        if padded:
-            y_sorted = self._experts_padded(xs, counts, tr, et)
-        else:
-            y_sorted = self._experts_loop(xs, counts, tr, et)  # (n*k, D)
+        mode = self.dispatch
+        if mode not in DISPATCH_MODES:
+            raise ValueError(f"MoE dispatch must be one of {DISPATCH_MODES}, got {mode!r}")
+        if mode == "auto":
+            if x2.is_cuda:  # batched unless padding adds > 50 % rows
+                mode = "padded" if max(counts) * E <= 1.5 * n * k else "loop"
+            else:  # measured fastest on CPU at 8-64 experts (benchmarks/gate_train_speed.py)
+                ok = grouped_available(x2.device) and grouped_fits(shape[-1], self.hidden)
+                mode = "grouped" if ok else "loop"
+        if mode == "grouped" and not (grouped_available(x2.device) and grouped_fits(shape[-1], self.hidden)):
+            raise ValueError(f"MoE dispatch 'grouped' needs torch._grouped_mm on {x2.device.type} "
+                             f"(torch {torch.__version__}) and d_model, expert_hidden multiples of 4 "
+                             f"(got {shape[-1]}, {self.hidden}); use 'loop' or 'padded'")
+        experts = {"grouped": self._experts_grouped, "padded": self._experts_padded,
+                   "loop": self._experts_loop}[mode]
+        y_sorted = experts(xs, counts, tr, et)  # (n*k, D) in sorted order
         out = out + _combine(y_sorted, w, order)  # (n, D)
         if tr:
             f = torch.tensor(counts, dtype=p.dtype, device=p.device) / (n * k)  # (E,) share of assignments

@@ -1,0 +1,162 @@
+"""Training speed of gate-scale models on this CPU: per-step times (median of steps after a
+warm-up), validation seconds on the full split, MoE dispatch modes and thread layouts.
+
+    flock /tmp/tern-cpu.lock python benchmarks/gate_train_speed.py \
+        --gate gates/4_capacity_scaling.toml --arms e8 e64 --dispatch loop padded \
+        --threads 2 1 --steps 12 --out results/bench/gate_train_speed.jsonl
+
+Every row (JSONL, tern.core.records) is ``record: "train_speed"`` with the model config,
+batch, seq_len, dispatch, threads, concurrent (runs side by side), per-step seconds
+(median, spread), tokens_per_s = batch * seq_len / median step, eval_s (validation of the
+full split, when asked) and run_metadata: `tern gate plan --speed FILE` reads them.
+``--concurrent 2`` runs two copies of each measurement side by side in two processes (each
+with ``--threads``) and reports each one's figures: the layout question "two single-thread
+runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
+threads 1 against tokens_per_s at concurrent 1 / threads 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# before torch loads libgomp (tern.train.model sets it too, but torch is imported first here)
+os.environ.setdefault("GOMP_SPINCOUNT", "2000")
+
+
+def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup: int,
+            eval_full: bool, eval_batch: int | None) -> dict:
+    import torch
+
+    from tern.core.records import run_metadata, summarize
+    from tern.decide.harness import default_make_train
+    from tern.decide.spec import load_gate
+    from tern.train import loop
+    from tern.train.environment import cpu_training_mode
+
+    torch.set_num_threads(threads)
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    spec = load_gate(gate)
+    if arm.startswith("teacher:"):
+        t = arm.split(":", 1)[1]
+        mc, tc = spec.teacher_model_config(t), default_make_train()(spec.teacher_train_overrides(t))
+    else:
+        mc, tc = spec.model_config(arm), default_make_train()(spec.train_overrides(arm, 0))
+    if not arm.startswith("teacher:") and spec.arms[arm].distill:
+        return measure_distill(spec, arm, mc, tc, threads, steps, warmup)
+    dev = torch.device("cpu")
+    with cpu_training_mode(tc, dev):
+        run = loop._build_run(mc, tc, None, None, 0, 1, dev)
+        for layer in run.model.layers:
+            if layer.ffn is not None and hasattr(layer.ffn, "dispatch"):
+                layer.ffn.dispatch = dispatch
+        run.model.train()
+        rows = slice(0, tc.batch_size)
+        times = []
+        for step in range(warmup + steps):
+            t0 = time.perf_counter()
+            loop._optimizer_step(run, step, rows)
+            times.append(time.perf_counter() - t0)
+        times = times[warmup:]
+        eval_s = None
+        if eval_full:
+            run.model.reset_stats()
+            t0 = time.perf_counter()
+            ev = loop._evaluate(run.model, run.data, tc, dev, None, 0, 0,
+                                **({"batch_size": eval_batch} if eval_batch else {}))
+            eval_s = time.perf_counter() - t0
+    s = summarize(times)
+    tokens = tc.batch_size * tc.seq_len
+    return {"record": "train_speed", "gate": spec.name, "arm": arm, "model_config": mc.to_dict(),
+            "batch_size": tc.batch_size, "seq_len": tc.seq_len, "dispatch": dispatch,
+            "threads": threads, "steps_timed": steps, "warmup_steps": warmup,
+            "step_s": s, "tokens_per_s": tokens / s["median"], "eval_s": eval_s,
+            "eval_bpb": ev.get("bpb") if eval_full else None,
+            "eval_batch": eval_batch, **run_metadata(threads)}
+
+
+def measure_distill(spec, arm: str, mc, tc, threads: int, steps: int, warmup: int) -> dict:
+    """A KD arm: its teacher trained for 2 steps (a checkpoint of the right shape), then
+    run_distill for warmup + steps steps and the full validation; the rate is the run's own
+    (training seconds of all its steps, warm-up included: a slight underestimate)."""
+    import tempfile
+
+    from tern.core.records import run_metadata
+    from tern.decide.harness import default_make_train
+    from tern.train.distill import run_distill
+    from tern.train.loop import run_training
+
+    d = spec.arms[arm].distill
+    t = d["teacher"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tt = default_make_train()({**spec.teacher_train_overrides(t), "steps": 2})
+        ck = run_training(spec.teacher_model_config(t), tt, out_dir=tmp, progress=False)["checkpoint"]
+        t0 = time.perf_counter()
+        r = run_distill(mc, tc.replace(steps=warmup + steps), teacher_checkpoint=ck,
+                        teacher_cfg=spec.teacher_model_config(t), distill=dict(d), progress=False)
+        wall = time.perf_counter() - t0
+    return {"record": "train_speed", "gate": spec.name, "arm": arm, "model_config": mc.to_dict(),
+            "batch_size": tc.batch_size, "seq_len": tc.seq_len, "distill": d, "dispatch": "auto",
+            "threads": threads, "steps_timed": warmup + steps, "warmup_steps": 0,
+            "step_s": {"median": r["train_s"] / (warmup + steps), "min": None, "max": None,
+                       "repeats": 1, "note": "mean over the run's steps"},
+            "tokens_per_s": r["tokens_per_s"], "eval_s": wall - r["train_s"],
+            "eval_bpb": r.get("val_bpb"), "eval_batch": None, **run_metadata(threads)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gate", required=True)
+    p.add_argument("--arms", nargs="+", required=True)
+    p.add_argument("--dispatch", nargs="+", default=["auto"])
+    p.add_argument("--threads", nargs="+", type=int, default=[2])
+    p.add_argument("--concurrent", type=int, default=1, help="copies side by side (processes)")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--eval", action="store_true", help="also time validation on the full split")
+    p.add_argument("--eval-batch", type=int, default=None)
+    p.add_argument("--out", default=None, help="append rows to this JSONL")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child measurement
+    a = p.parse_args(argv)
+    rows = []
+    for arm in a.arms:
+        for d in a.dispatch:
+            for t in a.threads:
+                if a.one or a.concurrent == 1:
+                    got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch)]
+                else:
+                    cmd = [sys.executable, __file__, "--gate", a.gate, "--arms", arm, "--dispatch", d,
+                           "--threads", str(t), "--steps", str(a.steps), "--warmup", str(a.warmup), "--one"]
+                    cmd += ["--eval"] if a.eval else []
+                    cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
+                    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+                             for _ in range(a.concurrent)]
+                    got = [json.loads(pr.communicate()[0].strip().splitlines()[-1]) for pr in procs]
+                for r in got:
+                    r["concurrent"] = a.concurrent
+                    rows.append(r)
+                    if a.one:
+                        print(json.dumps(r))
+                    else:
+                        ev = f", validation {r['eval_s']:.1f} s" if r["eval_s"] else ""
+                        print(f"{r['gate']} {arm:>6} dispatch {d:<7} threads {t} concurrent "
+                              f"{a.concurrent}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
+                              f"(min {(r['step_s']['min'] or 0) * 1e3:.1f}, max {(r['step_s']['max'] or 0) * 1e3:.1f}) "
+                              f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
+    if a.out and not a.one:
+        from tern.core.records import append_jsonl
+
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        append_jsonl(a.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
