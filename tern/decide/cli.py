@@ -40,7 +40,7 @@ JSON_FIELDS = """\
         token_scaling, seed_scaling, comparisons: [{b, a, spread, n_spread, sd_delta,
         spread_tokens, observed_delta, se_at_gate, mde_at_gate, target_effect, target_basis,
         seeds_needed, tokens_needed}], seeds_needed, arms_cost: {arm: {tokens, tok_per_s,
-        eval_s, n, source, run_s}}, workers, cpu_wall_s, cpu_wall_s_needed, gpu_tok_per_s,
+        eval_s, n, source, run_s}}, teachers_cost: {name: (the same)}, workers, cpu_wall_s, cpu_wall_s_needed, gpu_tok_per_s,
         gpu_wall_s, gpu_wall_s_needed}]} (seconds; null where unknown)
   plot: {figures: [png paths]}"""
 

@@ -139,18 +139,19 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
                                                               "n": 0, "source": "none"})}
         arms[name]["run_s"] = pw.run_seconds(spec.arm_tokens(name), arms[name]["tok_per_s"],
                                              arms[name]["eval_s"] or 0.0)
-    teachers = []
+    teacher_cost = {}
     for t, ts in spec.teachers.items():
         tr = ts.train
         key = speed_key(spec.teacher_model_config(t).to_dict(), tr["batch_size"], tr["seq_len"])
-        r = rates.get(key) or {}
-        teachers.append(pw.run_seconds(tr["steps"] * tr["batch_size"] * tr["seq_len"],
-                                       r.get("tok_per_s"), r.get("eval_s") or 0.0))
+        r = rates.get(key) or {"tok_per_s": None, "eval_s": None, "n": 0, "source": "none"}
+        tok = tr["steps"] * tr["batch_size"] * tr["seq_len"]
+        teacher_cost[t] = {"tokens": tok, **r, "run_s": pw.run_seconds(tok, r["tok_per_s"], r["eval_s"] or 0.0)}
+    teachers = [c["run_s"] for c in teacher_cost.values()]
 
     def wall(n: int | None) -> float | None:
         if n is None:
             return None
-        runs = [a["run_s"] for a in arms.values() for _ in range(n)]
+        runs = [a["run_s"] for _ in range(n) for a in arms.values()]  # seed-major, as run_gate
         t = pw.total_seconds(teachers, workers) if teachers else 0.0
         s = pw.total_seconds(runs, workers)
         return None if s is None or t is None else s + t
@@ -164,7 +165,7 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
 
     n_gate = len(spec.seeds)
     n_need = max(seeds_needed, n_gate) if seeds_needed else None
-    return {"arms_cost": arms, "workers": workers, "cpu_wall_s": wall(n_gate),
+    return {"arms_cost": arms, "teachers_cost": teacher_cost, "workers": workers, "cpu_wall_s": wall(n_gate),
             "cpu_wall_s_needed": wall(n_need), "gpu_tok_per_s": gpu_tok_per_s,
             "gpu_wall_s": gpu(n_gate), "gpu_wall_s_needed": gpu(n_need)}
 
@@ -201,9 +202,12 @@ def format_plan(r: dict[str, Any]) -> str:
                    f"{_fmt(c['mde_at_gate'], '.5f')}; target δ {_fmt(c['target_effect'], '.4f')} "
                    f"({c['target_basis']}) needs {c['seeds_needed'] or 'unknown'} seeds"
                    + (f" or {c['tokens_needed']:,} tokens/run" if c["tokens_needed"] else ""))
-    for a, x in r["arms_cost"].items():
-        rate = f"{x['tok_per_s']:,.0f} tok/s + {x['eval_s']:.1f} s validation" if x["tok_per_s"] else "no rate"
-        out.append(f"  arm {a}: {rate} ({x['source']}, n={x['n']}) -> {_mins(x['run_s'])} per run")
+    for kind, costs in (("arm", r["arms_cost"]), ("teacher", r.get("teachers_cost", {}))):
+        for a, x in costs.items():
+            rate = (f"{x['tok_per_s']:,.0f} tok/s + {x['eval_s']:.1f} s validation" if x["tok_per_s"]
+                    else "no rate")
+            out.append(f"  {kind} {a}: {x['tokens']:,} tokens at {rate} ({x['source']}, n={x['n']}) "
+                       f"-> {_mins(x['run_s'])} per run")
     w = f" over {r['workers']} workers" if r["workers"] > 1 else " (serial)"
     out.append(f"  wall time here{w}: {_mins(r['cpu_wall_s'])} at {r['seeds']} seeds; "
                f"{_mins(r['cpu_wall_s_needed'])} at the seeds needed ({r['seeds_needed'] or 'unknown'})")

@@ -28,8 +28,8 @@ no token count is derived.
 
 Cost: a run of ``tokens`` at a measured training rate r (tok/s) plus its measured
 validation time v takes tokens / r + v seconds; a gate's runs are independent, so W
-workers (each at the rate measured under that concurrency) take the serial total / W
-(the longest run bounds it from below).
+workers (each at the rate measured under that concurrency) run them as a pool does: in
+order, each on the first worker to come free.
 """
 
 from __future__ import annotations
@@ -127,13 +127,17 @@ def run_seconds(tokens: int, tok_per_s: float | None, eval_s: float = 0.0) -> fl
 
 
 def total_seconds(runs: Sequence[float | None], workers: int = 1) -> float | None:
-    """Wall seconds of independent runs over ``workers``: max(sum / W, longest run);
-    None if any run's time is unknown."""
+    """Wall seconds of independent runs over ``workers`` as a pool runs them: in order, each
+    on the first worker to come free (so an odd last run waits alone); None if any run's
+    time is unknown."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if not runs or any(r is None for r in runs):
         return None if runs else 0.0
-    return max(sum(runs) / workers, max(runs))  # type: ignore[arg-type]
+    free = [0.0] * workers  # when each worker comes free
+    for r in runs:
+        free[free.index(min(free))] += r  # type: ignore[operator]
+    return max(free)
 
 
 def validate_plan(d: Any) -> dict[str, Any]:

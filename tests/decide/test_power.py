@@ -84,7 +84,10 @@ def test_wall_time_hand_computed():
     assert pw.run_seconds(20000, 1000.0, 5.0) == pytest.approx(25.0)
     assert pw.run_seconds(20000, None) is None
     assert pw.total_seconds([10.0, 10.0, 10.0, 10.0], 2) == pytest.approx(20.0)
-    assert pw.total_seconds([10.0, 10.0, 30.0], 2) == pytest.approx(30.0)  # the longest run
+    # in order on the first free worker: 10 | 10, then 30 after the first 10 -> 40
+    assert pw.total_seconds([10.0, 10.0, 30.0], 2) == pytest.approx(40.0)
+    assert pw.total_seconds([30.0, 10.0, 10.0], 2) == pytest.approx(30.0)  # 30 | 10 + 10
+    assert pw.total_seconds([5.0, 7.0, 1.0], 1) == pytest.approx(13.0)
     assert pw.total_seconds([10.0, None]) is None
     with pytest.raises(ValueError):
         pw.total_seconds([1.0], 0)

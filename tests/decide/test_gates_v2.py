@@ -1,0 +1,60 @@
+"""The v2 gate files (issue 18): pre-registered re-runs of the five shipped gates at 8x the
+tokens per run with their planned MDE, and the capacity study at a per-parameter budget."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tern.core.config import param_counts
+from tern.core.records import read_jsonl
+from tern.decide.planning import measured_rates, plan_gate, speed_key
+from tern.decide.power import comparison_key
+from tern.decide.registry import read_registry, shipped_registry
+from tern.decide.spec import load_gate
+
+GATES = Path(__file__).resolve().parents[2] / "gates"
+V2 = sorted((GATES / "v2").glob("*.toml"))
+PAIRS = [(GATES / f.name, f) for f in V2 if (GATES / f.name).exists()]
+
+
+def test_five_reruns_and_the_capacity_study():
+    assert len(PAIRS) == 5 and len(V2) == 6
+
+
+@pytest.mark.parametrize("v1, v2", PAIRS, ids=[p[1].stem for p in PAIRS])
+def test_v2_is_v1_at_8x_tokens_with_a_planned_mde(v1, v2):
+    a, b = load_gate(v1), load_gate(v2)
+    assert b.name == f"{a.name}_v2" and b.plan["spread_from"] == a.name
+    assert b.tokens_per_run == 8 * a.tokens_per_run  # 1,966,080 tokens per run
+    assert (b.rule, b.comparisons, list(b.arms)) == (a.rule, a.comparisons, list(a.arms))
+    for arm in a.arms:  # the same models and train settings but the schedule's warm-up
+        assert b.model_config(arm) == a.model_config(arm)
+        ta, tb = a.train_overrides(arm, 0), b.train_overrides(arm, 0)
+        assert tb["warmup_steps"] == 8 * ta["warmup_steps"] and tb["steps"] == 8 * ta["steps"]
+    keys = {comparison_key(x, y) for x, y in b.comparisons}
+    assert set(b.plan["mde"]) == keys == set(b.plan["seeds_needed"])
+    # the planned MDE is what the planner computes from the shipped registry
+    r = plan_gate(b, read_registry(shipped_registry()))
+    for c in r["comparisons"]:
+        assert b.plan["mde"][comparison_key(c["b"], c["a"])] == pytest.approx(c["mde_at_gate"], abs=1e-4)
+        assert b.plan["seeds_needed"][comparison_key(c["b"], c["a"])] == c["seeds_needed"]
+
+
+def test_capacity_study_budget_scales_with_total_params():
+    g = load_gate(GATES / "v2" / "6_capacity_per_param.toml")
+    assert g.per_param and g.budget["tokens_per_param"] == 1.5
+    for arm in g.arms:
+        total = param_counts(g.model_config(arm)).total.params
+        assert g.arm_tokens(arm) == math.ceil(1.5 * total / 1024) * 1024
+        assert 1.5 <= g.arm_tokens(arm) / total < 1.5 + 1024 / total
+    assert g.arm_tokens("e64") > 3 * g.arm_tokens("e8")
+
+
+def test_speed_file_covers_every_v2_arm():
+    rates = measured_rates([], read_jsonl(GATES / "v2" / "train_speed.jsonl"))
+    for f in V2:
+        g = load_gate(f)
+        b = g.budget
+        for arm, spec in g.arms.items():
+            assert speed_key(g.model_config(arm).to_dict(), b["batch_size"], b["seq_len"], spec.distill) in rates
