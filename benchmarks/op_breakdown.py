@@ -283,6 +283,60 @@ def breakdown(engine, tokens: int = 32, repeats: int = 5, warmup: int = 8, seed:
             "step_s": s_step, "bare_s": s_bare, "instrumented_s": s_inst}
 
 
+def parse_variant(text: str) -> dict:
+    """Engine keyword arguments from ``"act_skip=False,stream=off"`` (True / False / integers
+    converted; "" is the default engine)."""
+    kw: dict = {}
+    for part in filter(None, text.split(",")):
+        key, sep, val = part.partition("=")
+        if not sep:
+            raise ValueError(f"engine variant {part!r}: expected key=value")
+        kw[key.strip()] = {"True": True, "False": False}.get(val, int(val) if val.lstrip("-").isdigit() else val)
+    return kw
+
+
+def compare_engines(path, variants: list[str], threads: int, tokens: int = 32, repeats: int = 5,
+                    warmup: int = 8, seed: int = 0) -> tuple:
+    """Same-run A/B of engine variants (``parse_variant`` strings) on one model file at
+    ``threads``: each variant's load seconds, then ``repeats`` rounds of ``Engine.step``
+    over ``tokens`` tokens, the variants in a rotating order each round (machine load hits
+    all alike); medians per variant, speed-up against the first, and whether every logit
+    of the warm-up and timed tokens equals the first variant's (bit for bit).
+    Returns (the model's ModelConfig, one dict per variant)."""
+    from tern.run.engine import Engine
+    from tern.run.timing import time_steps
+
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(0, 2**31 - 1, size=warmup + tokens)
+    engines, loads = [], []
+    for v in variants:
+        t0 = time.perf_counter()
+        engines.append(Engine(path, threads=threads, **parse_variant(v)))
+        loads.append(time.perf_counter() - t0)
+    stream %= engines[0].cfg.vocab_size
+    ref = None
+    same = []
+    for eng in engines:  # warm-up (compiles, faults pages in) and the exactness check
+        eng.reset()
+        logits = np.stack([eng.step(int(t)) for t in stream])  # (warmup + tokens, V)
+        ref = logits if ref is None else ref
+        same.append(bool(np.array_equal(logits, ref)))
+    times: list[list[float]] = [[] for _ in engines]
+    for r in range(repeats):
+        for i in range(len(engines)):
+            j = (i + r) % len(engines)
+            times[j].append(time_steps(engines[j], stream[warmup:]))
+    base = summarize(times[0])["median"]
+    cfg = engines[0].cfg
+    rows = []
+    for v, eng, load, ok, ts in zip(variants, engines, loads, same, times, strict=True):
+        s = summarize(ts)
+        rows.append({"variant": v, "engine": eng.describe(), "load_s": load, "identical_logits": ok,
+                     "step_s": s, "tok_per_s": 1.0 / s["median"], "speedup_vs_first": base / s["median"]})
+        eng.close()
+    return cfg, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="results", help="results folder (models/, bench/op_breakdown.jsonl)")
@@ -291,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--compare", nargs="+", default=None, metavar="KEY=VAL[,KEY=VAL]",
+                    help="instead of the breakdown: same-run A/B of these Engine variants ('' = default), "
+                         "rows in <results>/bench/engine_ab.jsonl")
     args = ap.parse_args(argv)
     from tern.core.host_profile import HostProfile
     from tern.measure.sweep import BUDGETS, ensure_model
@@ -302,6 +359,23 @@ def main(argv: list[str] | None = None) -> int:
     host = HostProfile.load(profile) if profile.exists() else None
     path = Path(args.model) if args.model else ensure_model(
         BUDGETS["30m"].replace(name="dram250", n_experts=64, top_k=52), res / "models")
+    if args.compare:
+        for t in args.threads:
+            cfg, rows = compare_engines(path, args.compare, t, args.tokens, args.repeats, args.warmup)
+            pc = param_counts(cfg)
+            for row in rows:
+                row.update({**run_metadata(threads=t), "benchmark": "engine_ab", "model": str(path),
+                            "tokens": args.tokens, "repeats": args.repeats, "warmup": args.warmup,
+                            "active_bytes": pc.active.bytes})
+                row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host))
+                append_jsonl(res / "bench" / "engine_ab.jsonl", row)
+                print(json.dumps({"threads": t, "variant": row["variant"], "tok_per_s": round(row["tok_per_s"], 2),
+                                  "spread_rel": round(row["step_s"]["spread_rel"], 3),
+                                  "speedup_vs_first": round(row["speedup_vs_first"], 3),
+                                  "identical_logits": row["identical_logits"], "load_s": round(row["load_s"], 2),
+                                  "gbps_end_to_end": row["gbps_end_to_end"],
+                                  "bandwidth_fraction": row["bandwidth_fraction"]}), flush=True)
+        return 0
     for t in args.threads:
         eng = Engine(path, threads=t)
         b = breakdown(eng, args.tokens, args.repeats, args.warmup)

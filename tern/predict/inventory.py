@@ -22,7 +22,13 @@ from typing import Any, NamedTuple
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for
-from tern.kernels.policy import PAR_MIN_WEIGHTS, SEGMENT_COLS, STREAM_MAX_ROW_BYTES, stream_row_bytes
+from tern.kernels.policy import (
+    PAR_MIN_WEIGHTS,
+    SEGMENT_COLS,
+    STREAM_MAX_ROW_BYTES,
+    act_skip_applies,
+    stream_row_bytes,
+)
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
@@ -139,13 +145,14 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
                ep: int = 0) -> float:
     """``n`` experts (or MLPs) of ``hidden`` units (``ep``: run expert-parallel, see
     :func:`experts_parallel`); returns the down-projection bytes the activation skip
-    leaves unread."""
+    leaves unread. The engine's default runs the skip kernel only for activations with exact
+    zeros (tern.kernels.policy.act_skip_applies); a SiLU down projection is a row matvec."""
     D = cfg.d_model
     _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep)  # gate and up
     _add(work, _key("vector", 0, ep), n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
-    if f.ternary:
+    if f.ternary and act_skip_applies(cfg.activation):
         tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
         _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D, tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8

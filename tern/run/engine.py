@@ -10,7 +10,10 @@ computes the same model (docs/MODEL.md):
 - ``kernel="fp32"``: BitLinear matrices dequantized to fp32 at load, dense fp32 matvecs
   (the baseline); ``"ternary"`` (default): the packed ternary2 kernels on the file's bytes.
 - ``act_skip``: down projections read transposed, skipping the columns of hidden units that
-  are exactly zero (tern.kernels.kernels_ternary.ternary_matvec_skip).
+  are exactly zero (tern.kernels.kernels_ternary.ternary_matvec_skip). ``"auto"`` (default)
+  applies it where it can skip: the ternary kernel and an activation with exact zeros
+  (dReLU, ReLU², tern.kernels.policy.act_skip_applies); a SiLU model's down projections
+  are then plain row matvecs. ``True`` / ``False`` force it on / off (same sums).
 - ``moe_skip``: only the top_k routed experts are computed (else all, weight 0 for the rest).
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
 - ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
@@ -57,6 +60,7 @@ from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     STREAM_MAX_ROW_BYTES,
     STREAM_MIN_ROW_BYTES,
+    act_skip_applies,
     stream_row_bytes,
 )
 from tern.packed.format import TERNARY_FORMATS
@@ -100,7 +104,7 @@ class Engine:
     """Numba decode engine over a packed model file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
-                 act_skip: bool = True, moe_skip: bool = True, fused: bool = True,
+                 act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
@@ -113,12 +117,16 @@ class Engine:
         kernel = kernel or "ternary"
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if kernel == "fp32" and act_skip:
+        if not (isinstance(act_skip, (bool, np.bool_)) or (isinstance(act_skip, str) and act_skip == "auto")):
+            raise ValueError(f"act_skip must be True, False or 'auto', got {act_skip!r}")
+        if kernel == "fp32" and act_skip != "auto" and act_skip:
             raise ValueError("act_skip needs the ternary kernel (the fp32 baseline has no skip)")
         self.model = path if isinstance(path, PackedModel) else load_packed(path, check=check)
         self.cfg = self.model.cfg
         self.path = Path(self.model.path)
         self.threads = int(threads)
+        if act_skip == "auto":
+            act_skip = kernel == "ternary" and act_skip_applies(self.cfg.activation)
         self.kernel, self.act_skip, self.moe_skip, self.fused = kernel, bool(act_skip), bool(moe_skip), bool(fused)
         self.trace_experts = bool(trace_experts)
         if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:

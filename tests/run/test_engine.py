@@ -193,6 +193,24 @@ def test_storage_formats(tmp_path):
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.9
 
 
+def test_act_skip_auto_follows_the_policy(small_file, tmp_path):
+    """act_skip="auto" (default) skips only for activations with exact zeros
+    (tern.kernels.policy.act_skip_applies): on for dReLU, off for SiLU and for the fp32
+    rung; forced on, a SiLU model computes identical logits (integer sums either way)."""
+    assert SMALL.activation == "drelu" and Engine(small_file).act_skip
+    assert not Engine(small_file, kernel="fp32").act_skip
+    silu = random_model(SMALL.replace(activation="silu"), tmp_path / "silu.tern", seed=2, progress=False)
+    auto = Engine(silu)
+    assert not auto.act_skip and auto.describe()["act_skip"] is False
+    tokens = np.arange(30) * 7 % SMALL.vocab_size
+    ref = _engine_logits(auto, tokens)
+    for kw in (dict(act_skip=True), dict(act_skip=True, threads=2, par_min_weights=0),
+               dict(act_skip=False, threads=2, par_min_weights=0)):
+        if kw.get("threads", 1) > numba.config.NUMBA_NUM_THREADS:
+            continue
+        assert np.array_equal(_engine_logits(Engine(silu, **kw), tokens), ref)
+
+
 def test_bad_input(small_file):
     eng = Engine(small_file)
     for bad in (SMALL.vocab_size, -1, 1.5, True, "3"):
@@ -207,7 +225,10 @@ def test_bad_input(small_file):
     with pytest.raises(ValueError, match="kernel"):
         Engine(small_file, kernel="int4")
     with pytest.raises(ValueError, match="act_skip"):
-        Engine(small_file, kernel="fp32")
+        Engine(small_file, kernel="fp32", act_skip=True)
+    for bad in ("on", 1, None):
+        with pytest.raises(ValueError, match="act_skip"):
+            Engine(small_file, act_skip=bad)
     with pytest.raises(ValueError, match="shape"):
         eng.nll_sum(np.zeros((2, 3), int), np.zeros((2, 4), int))
     assert eng.position == 0  # nothing ran

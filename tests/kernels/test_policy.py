@@ -1,0 +1,33 @@
+"""The engine's dispatch policy (tern.kernels.policy) and the predictor pricing the same choice."""
+
+import pytest
+
+from tern.core.config import load_config
+from tern.kernels.policy import SKIP_ACTIVATIONS, act_skip_applies
+from tern.predict.inventory import work_inventory
+
+
+def _units(work, op):
+    return sum(w.units for k, w in work.items() if k.op == op)
+
+
+def test_act_skip_applies_only_to_activations_with_exact_zeros():
+    assert act_skip_applies("drelu") and act_skip_applies("relu2")
+    assert not act_skip_applies("silu")
+    assert set(SKIP_ACTIVATIONS) == {"drelu", "relu2"}
+
+
+@pytest.mark.parametrize("activation", ["drelu", "relu2", "silu"])
+def test_inventory_prices_the_down_projection_by_the_rule(activation):
+    cfg = load_config("sandbox").replace(activation=activation)
+    res, st, skip_r, skip_s = work_inventory(cfg)
+    n_moe = sum(map(cfg.is_moe, range(cfg.n_layers)))
+    down = cfg.top_k * cfg.expert_hidden * cfg.d_model * n_moe  # routed down-projection weights per token
+    gate_up = 2 * down
+    skip = _units(st, "ternary_skip")
+    rows = _units(st, "ternary_matvec") + _units(st, "ternary_stream")
+    if act_skip_applies(activation):
+        assert skip > 0 and rows == gate_up and skip_s > 0
+    else:  # a SiLU down projection is a plain row matvec: every weight, nothing skipped
+        assert skip == 0 and rows == gate_up + down and skip_s == 0 and skip_r == 0
+        assert not any(k.op == "ternary_skip" for k in (*res, *st))
