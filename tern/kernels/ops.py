@@ -24,6 +24,17 @@ import numpy as np
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
+    FASTMATH,
+    JIT,
+    dense_matvec,
+    dense_row,
+    f32,
+    matvec_int8w,
+    matvec_int8w_par,
+    router_logits,
+    u8,
+)
 from tern.kernels.kernels_ternary import (
     ternary_matvec,
     ternary_matvec_par,
@@ -52,7 +63,8 @@ KIND_SSM, KIND_ATTN = 0, 1
 G_D, G_DI, G_N, G_R, G_K, G_V, G_WIN, G_NH, G_NL = 0, 1, 2, 3, 4, 5, 6, 7, 8
 G_HMAX, G_EMAX, G_ACT = 9, 10, 11
 G_KERNEL, G_ACT_SKIP, G_MOE_SKIP, G_PAR = 12, 13, 14, 15
-G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_INT8, G_NORM_F, G_EMBED_INT8 = 16, 17, 18, 19, 20, 21, 22
+# G_*_KIND: the stored dtype of the embedding / head / routers (kernels_stored.DENSE_*)
+G_EMBED, G_EMBED_S, G_HEAD, G_HEAD_S, G_HEAD_KIND, G_NORM_F, G_EMBED_KIND = 16, 17, 18, 19, 20, 21, 22
 G_PAR_MIN = 23  # weights a matrix needs before it is split over threads
 G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), largest top_k
 # ternary matrices with packed rows of G_STREAM_RB .. G_STREAM_RB_MAX bytes use the streaming
@@ -60,35 +72,17 @@ G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), large
 # (tern.kernels.policy.stream_row_bytes): G holds two rows of N_GLOBALS, built once at load —
 # row 0 for everything, row 1 (routed_globals) the same with the routed experts' threshold.
 G_STREAM_RB, G_STREAM_RB_MAX = 26, 27
-N_GLOBALS = 28
+G_ROUTER_KIND = 28
+N_GLOBALS = 29
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
-# Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
-# given build, so thread counts never change results); the numpy error model drops the
-# zero-division checks that otherwise keep loops with a division scalar. No nnan / ninf:
-# softmax starts from -inf.
-FASTMATH = {"reassoc", "contract"}
-JIT = dict(cache=True, error_model="numpy", fastmath=FASTMATH)
+# JIT flags (kernels_stored.JIT): reassociation and contraction let LLVM vectorize the
+# reductions in an order fixed per build; no nnan / ninf (softmax starts from -inf).
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
 
-# ---- buffer access ----------------------------------------------------------------------
-
-
-@numba.njit(cache=True, inline="always")
-def u8(buf, aux, addr, nbytes):
-    """``nbytes`` bytes at ``addr`` (uint8 view)."""
-    off = addr >> 1
-    if addr & 1:
-        return aux[off:off + nbytes]
-    return buf[off:off + nbytes]
-
-
-@numba.njit(cache=True, inline="always")
-def f32(buf, aux, addr, n):
-    """``n`` float32 at ``addr``."""
-    return u8(buf, aux, addr, 4 * n).view(np.float32)
+# ---- buffer access: u8, f32 (kernels_stored) ------------------------------------------------
 
 
 @numba.njit(cache=True, inline="always")
@@ -462,18 +456,8 @@ def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out
 
 @numba.njit(cache=True)
 def embed_step(buf, aux, G, token, work):
-    """x = embedding row of ``token`` (fp32, or int8 row times its scale)."""
-    D = G[G_D]
-    x = work[:D]
-    if G[G_EMBED_INT8]:
-        q = u8(buf, aux, G[G_EMBED] + 2 * token * D, D).view(np.int8)
-        s = f32(buf, aux, G[G_EMBED_S] + 8 * token, 1)[0]
-        for i in range(D):
-            x[i] = np.float32(q[i]) * s
-    else:
-        row = f32(buf, aux, G[G_EMBED] + 8 * token * D, D)
-        for i in range(D):
-            x[i] = row[i]
+    """x = embedding row of ``token`` (fp32, fp16 / bf16 widened, or int8 row times its scale)."""
+    dense_row(buf, aux, G[G_EMBED_KIND], G[G_EMBED], G[G_EMBED_S], token, G[G_D], work[:G[G_D]])
 
 
 @numba.njit(cache=True)
@@ -499,12 +483,7 @@ def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
     largest probabilities (ties: lower index), renormalised weights. Writes chosen (top_k,)
     in ascending expert order and their weights."""
     D, E, k = G[G_D], LI[l, L_E], LI[l, L_TOPK]
-    Wr = f32(buf, aux, T[l, F_ROUTER], E * D).reshape(E, D)
-    for e in range(E):
-        s = np.float32(0.0)
-        for d in range(D):
-            s += Wr[e, d] * xn[d]
-        pr[e] = s
+    router_logits(buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], E, D, xn, pr)
     softmax(pr[:E])
     # top-k by repeated selection (strict > keeps the lower index on ties), then ascending
     for j in range(k):
@@ -614,49 +593,13 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
         x[i] += acc[i]
 
 
-@numba.njit(inline="always", **JIT)
-def _int8w_row(Wq, x, r):
-    """sum_c Wq[r, c] * x[c] in float32 (the one per-row order both variants use)."""
-    s = ZERO
-    for c in range(Wq.shape[1]):
-        s += np.float32(Wq[r, c]) * x[c]
-    return s
-
-
-@numba.njit(**JIT)
-def matvec_int8w(Wq, scale, x, out):
-    """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
-    (embedding / head, per-row absmax scale) times a full-precision activation."""
-    for r in range(Wq.shape[0]):
-        out[r] = _int8w_row(Wq, x, r) * scale[r]
-
-
-@numba.njit(parallel=True, **JIT)
-def matvec_int8w_par(Wq, scale, x, out):
-    """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
-    for r in numba.prange(Wq.shape[0]):
-        out[r] = _int8w_row(Wq, x, r) * scale[r]
-
-
 @numba.njit(cache=True)
 def head_step(buf, aux, G, T, eps, work, iwork, logits):
     """logits (V,) = Head(RMSNorm(x; norm_f))."""
     x, xn = work[:G[G_D]], work[G[G_D]:2 * G[G_D]]
     D, V = G[G_D], G[G_V]
     rmsnorm(x, f32(buf, aux, G[G_NORM_F], D), eps, xn)
-    if G[G_HEAD_INT8]:
-        Wq = u8(buf, aux, G[G_HEAD], V * D).view(np.int8).reshape(V, D)
-        S = f32(buf, aux, G[G_HEAD_S], V)
-        if par(G, V * D):
-            matvec_int8w_par(Wq, S, xn, logits)
-        else:
-            matvec_int8w(Wq, S, xn, logits)
-        return
-    W = f32(buf, aux, G[G_HEAD], V * D).reshape(V, D)
-    if par(G, V * D):
-        matvec_fp32_parallel_nb(W, xn, logits)
-    else:
-        matvec_fp32_nb(W, xn, logits)
+    dense_matvec(buf, aux, G[G_HEAD_KIND], G[G_HEAD], G[G_HEAD_S], V, D, xn, logits, par(G, V * D))
 
 
 @numba.njit(cache=True)
@@ -672,5 +615,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 # ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
-_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py")
+_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py")
 drop_stale_cache(__file__, _DEPS, token_step)

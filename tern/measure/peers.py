@@ -12,8 +12,9 @@ active path), GB/s end to end (bytes per token x tok/s) and the fraction of the 
 bandwidth at the model's working set (tern.measure.utilisation; None without a profile).
 
 Differences that remain between the pairs: tern's attention has no positional encoding
-(llama.cpp applies RoPE to q and k), llama.cpp's KV cache is f16 (tern's fp32), and tern
-converts an fp16 head to fp32 at load (``engine_bytes_per_token`` counts what it reads).
+(llama.cpp applies RoPE to q and k) and llama.cpp's KV cache is f16 (tern's fp32); tern
+reads fp16 tables as stored and converts int8 routers to fp32 at load
+(``engine_bytes_per_token`` counts what it reads).
 A GQA shape (``n_kv_heads``) exists only in the GGUF: compare such rows per byte read.
 """
 

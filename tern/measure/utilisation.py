@@ -48,15 +48,17 @@ def decode_utilisation(tok_per_s: float, bytes_per_token: float, working_set_byt
     return out
 
 
-def engine_bytes_per_token(cfg: ModelConfig) -> int:
+def engine_bytes_per_token(cfg: ModelConfig, dense16: str = "direct") -> int:
     """Bytes tern's engine reads per token: the active bytes of ``cfg``
-    (tern.core.config.param_counts), except where tern.run.engine converts at load: fp16 /
-    bf16 embedding and head rows and every non-fp32 router are read as fp32, base-3
-    ternary matrices as ternary2."""
+    (tern.core.config.param_counts), except where tern.run.engine converts at load: int8
+    routers are read as fp32, base-3 ternary matrices as ternary2, and with
+    ``dense16="expand"`` (tern.run.engine's option; default "direct" reads them as stored)
+    fp16 / bf16 embedding and head rows and routers as fp32."""
     pc = param_counts(cfg)
+    expand = dense16 == "expand"
     extra = 0
     for s in tensor_specs(cfg):
-        if s.group in ("embed", "head") and s.format in ("fp16", "bf16"):
+        if s.group in ("embed", "head") and s.format in ("fp16", "bf16") and expand:
             V, D = s.shape
             if s.group == "head":
                 extra += V * D * 2  # the whole head at 4 bytes, not 2
@@ -64,7 +66,7 @@ def engine_bytes_per_token(cfg: ModelConfig) -> int:
                 extra += V * D * 2 + D * 4
             else:
                 extra += D * 2  # one row at 4 bytes, not 2
-        elif s.group == "router" and s.format != "fp32":
+        elif s.group == "router" and (s.format == "int8" or (expand and s.format in ("fp16", "bf16"))):
             extra += s.numel * 4 - tensor_bytes(s.format, s.shape)
         elif s.format == "ternary_b3":
             share = cfg.top_k / s.shape[0] if s.pool == "streamed" else 1.0

@@ -25,6 +25,9 @@ computes the same model (docs/MODEL.md):
   sequential stream the hardware prefetcher follows (tern.kernels.policy.stream_row_bytes);
   "auto" (default) applies that rule with this machine's LLC size, "on" streams every
   long-row matrix, "off" none. The sums are the same either way.
+- ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
+  to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
+  fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
 - ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full"
   (default) reads every byte: tensor crc32s, ternary codes, finite weights. "header"
   checks only the structure; flipped weight bits, NaN weights and invalid ternary codes
@@ -55,6 +58,7 @@ import numpy as np
 from tern.core.config import tensor_specs
 from tern.core.host_caches import host_llc_bytes
 from tern.kernels import ops
+from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
@@ -68,6 +72,7 @@ from tern.packed.reader import PackedModel, load_packed, to_float32
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
+DENSE16_MODES = ("direct", "expand")  # fp16 / bf16 tables read as stored, or converted to fp32 at load
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
 
@@ -106,7 +111,7 @@ class Engine:
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
-                 stream: str = "auto"):
+                 stream: str = "auto", dense16: str = "direct"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -135,6 +140,9 @@ class Engine:
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
         self.stream = stream
+        if dense16 not in DENSE16_MODES:
+            raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
+        self.dense16 = dense16
         if stream == "auto":
             self.stream_row_bytes = stream_row_bytes(self.cfg, host_llc_bytes())
         else:
@@ -174,16 +182,17 @@ class Engine:
         flat = np.ascontiguousarray(wt).reshape(-1, wt.shape[-1])
         return aux.add(pack_ternary2(flat)), s_addr
 
-    def _dense(self, aux: _Aux, name: str) -> tuple[int, int, bool]:
-        """(address, scale address, is_int8) of an embedding / head / router matrix: fp32
-        and int8 straight from the file, fp16 / bf16 converted to fp32."""
+    def _dense(self, aux: _Aux, name: str) -> tuple[int, int, int]:
+        """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
+        head / router matrix: fp32, int8 and (dense16 "direct") fp16 / bf16 straight from
+        the file, else fp16 / bf16 converted to fp32 at load."""
         fmt = self.model.packing[name]["format"]
-        if fmt == "fp32":
-            return self._file_addr(name), -1, False
         if fmt == "int8":
-            return self._file_addr(f"{name}.q"), self._file_addr(f"{name}.scale"), True
+            return self._file_addr(f"{name}.q"), self._file_addr(f"{name}.scale"), DENSE_KINDS[fmt]
+        if fmt == "fp32" or (fmt in ("fp16", "bf16") and self.dense16 == "direct"):
+            return self._file_addr(name), -1, DENSE_KINDS[fmt]
         if fmt in ("fp16", "bf16"):
-            return aux.add(to_float32(self.model.tensors[name], fmt)), -1, False
+            return aux.add(to_float32(self.model.tensors[name], fmt)), -1, DENSE_KINDS["fp32"]
         raise ValueError(f"{name}: format {fmt} is not supported by the engine")
 
     def _build_tables(self) -> None:
@@ -199,7 +208,7 @@ class Engine:
         LI = np.full((L, ops.N_LINTS), -1, np.int64)
         down_orient = "transposed" if (self.kernel == "ternary" and self.act_skip) else "rows"
         n_ssm = n_attn = n_moe = 0
-        hmax = 1
+        hmax, router_kind = 1, DENSE_KINDS["fp32"]
         for i in range(L):
             p = f"layers.{i}"
             T[i, ops.F_NORM1] = self._file_addr(f"{p}.norm1.weight")
@@ -228,10 +237,10 @@ class Engine:
                 LI[i, ops.L_HE], LI[i, ops.L_TOPK] = cfg.expert_hidden, cfg.top_k
                 n_moe += 1
                 rname = f"{p}.ffn.router.weight"
-                if m.packing[rname]["format"] == "fp32":
-                    T[i, ops.F_ROUTER] = self._file_addr(rname)
-                else:  # routing math is fp32 on the dequantized router (docs/MODEL.md)
-                    T[i, ops.F_ROUTER] = aux.add(m.weight(rname))
+                if m.packing[rname]["format"] == "int8":  # routing math is fp32 on the dequantized router
+                    T[i, ops.F_ROUTER], router_kind = aux.add(m.weight(rname)), DENSE_KINDS["fp32"]
+                else:  # (docs/MODEL.md): fp32, or fp16 / bf16 widened exactly (_dense)
+                    T[i, ops.F_ROUTER], _, router_kind = self._dense(aux, rname)
                 if cfg.n_shared:
                     LI[i, ops.L_NSH], LI[i, ops.L_HSH] = cfg.n_shared, cfg.shared_hidden
                     hmax = max(hmax, cfg.shared_hidden)
@@ -262,11 +271,10 @@ class Engine:
         G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
         G[ops.G_STREAM_RB] = self.stream_row_bytes[0]
         G[ops.G_STREAM_RB_MAX] = STREAM_MAX_ROW_BYTES
-        G[ops.G_EMBED], G[ops.G_EMBED_S], emb_int8 = self._dense(aux, "embed.weight")
-        G[ops.G_EMBED_INT8] = int(emb_int8)
+        G[ops.G_EMBED], G[ops.G_EMBED_S], G[ops.G_EMBED_KIND] = self._dense(aux, "embed.weight")
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
-        G[ops.G_HEAD], G[ops.G_HEAD_S], head_int8 = self._dense(aux, head)
-        G[ops.G_HEAD_INT8] = int(head_int8)
+        G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
+        G[ops.G_ROUTER_KIND] = router_kind
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
         routed = G.copy()  # ops.routed_globals: the routed experts' row
         routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
@@ -419,5 +427,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream,
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -64,13 +64,17 @@ def test_engine_bytes_count_the_engines_load_time_conversions(tmp_path):
     D, V, E = CFG.d_model, CFG.vocab_size, CFG.n_experts
     routers_fp32 = CFG.n_layers * E * D * 4
     routers_file = sum(s.nbytes for s in tensor_specs(CFG) if s.group == "router")
+    assert engine_bytes_per_token(CFG) == pc.active.bytes + routers_fp32 - routers_file  # fp16 read as stored
     want = pc.active.bytes + V * D * 2 + D * 2 + routers_fp32 - routers_file
-    assert engine_bytes_per_token(CFG) == want
+    assert engine_bytes_per_token(CFG, dense16="expand") == want
     fp32 = CFG.replace(embed_format="fp32", head_format="fp32", router_format="fp32")
     assert engine_bytes_per_token(fp32) == param_counts(fp32).active.bytes  # nothing converted
-    # the engine does hold the fp16 head and the int8 routers as fp32 copies
+    fp16 = CFG.replace(router_format="fp16")
+    assert engine_bytes_per_token(fp16) == param_counts(fp16).active.bytes
+    # the engine holds the int8 routers as fp32 copies, and (dense16="expand") the fp16 tables
     path = random_model(CFG, tmp_path / "u.tern", seed=0)
-    eng = Engine(path)
-    assert eng.aux.size >= 2 * V * D * 4 + routers_fp32  # embedding + head + routers in fp32
-    assert np.isfinite(eng.step(1)).all()
-    eng.close()
+    for dense16, fp32_tables in (("direct", 0), ("expand", 2 * V * D * 4)):
+        eng = Engine(path, dense16=dense16)
+        assert routers_fp32 + fp32_tables <= eng.aux.size < routers_fp32 + fp32_tables + 2 * V * D * 2
+        assert np.isfinite(eng.step(1)).all()
+        eng.close()

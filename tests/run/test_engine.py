@@ -169,6 +169,26 @@ def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
     assert np.array_equal(one, two)
 
 
+@pytest.mark.parametrize("fmt,tied", [("fp16", False), ("bf16", False), ("fp16", True)])
+def test_16bit_tables_read_as_stored(tmp_path, fmt, tied):
+    """dense16="direct" (default) reads fp16 / bf16 embedding, head and routers from the file,
+    widening them in registers: the same logits as converting them to fp32 at load, at 1
+    and 2 threads, with no fp32 copy in the aux buffer."""
+    cfg = SMALL.replace(embed_format=fmt, head_format=fmt, router_format=fmt, tie_embeddings=tied)
+    path = random_model(cfg, tmp_path / "h.tern", seed=4, progress=False)
+    tokens = np.arange(30) * 5 % SMALL.vocab_size
+    expand = Engine(path, dense16="expand")
+    ref = _engine_logits(expand, tokens)
+    direct = Engine(path)
+    assert direct.describe()["dense16"] == "direct"
+    assert direct.aux.size + SMALL.vocab_size * SMALL.d_model * 4 <= expand.aux.size  # no fp32 table
+    assert np.array_equal(_engine_logits(direct, tokens), ref)
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        assert np.array_equal(_engine_logits(Engine(path, threads=2, par_min_weights=0), tokens), ref)
+    with pytest.raises(ValueError, match="dense16"):
+        Engine(path, dense16="fp32")
+
+
 def test_storage_formats(tmp_path):
     """ternary2 and base-3 packing hold the same trits: identical logits; int8 / bf16
     embeddings and routers run and stay close."""

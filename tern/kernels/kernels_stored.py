@@ -1,0 +1,218 @@
+"""Embedding, head and router matrices read in the dtype the packed file stores them in.
+
+The engine's tables of full-precision rows (embedding, untied head, MoE routers) come as
+fp32, int8 (per-row absmax scale), fp16 or bf16. Converting fp16 / bf16 to fp32 at load
+doubles the bytes a token reads (the 1.1B peers shape: a 131 MB fp16 head read as 262 MB);
+these kernels read the stored 2-byte values directly and widen them in registers
+(``vcvtph2ps`` for fp16, a 16-bit shift for bf16). Both conversions are exact, and each
+row's sum runs in the same order as the fp32 kernel's (tern.kernels.kernels_dense), so the
+results are bit-identical to converting at load (tested: tests/kernels/test_kernels_stored.py).
+
+Also here, shared with tern.kernels.ops: the buffer-address helpers (``u8``, ``f32``: a
+tensor's address is ``byte_offset * 2 + buffer_id``, 0 the memory-mapped file, 1 the
+engine's aux buffer) and the JIT flags of the per-token code.
+
+Orientation: W is (rows, cols) = (outputs, inputs); ``x`` (cols,) float32.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+
+# Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
+# given build, so thread counts never change results); the numpy error model drops the
+# zero-division checks that otherwise keep loops with a division scalar. No nnan / ninf:
+# softmax starts from -inf.
+FASTMATH = {"reassoc", "contract"}
+JIT = dict(cache=True, error_model="numpy", fastmath=FASTMATH)
+ZERO = np.float32(0.0)
+
+# stored dtype codes of the engine's dense tables (tern.kernels.ops G_EMBED_KIND / G_HEAD_KIND /
+# G_ROUTER_KIND)
+DENSE_FP32, DENSE_INT8, DENSE_FP16, DENSE_BF16 = 0, 1, 2, 3
+DENSE_KINDS = {"fp32": DENSE_FP32, "int8": DENSE_INT8, "fp16": DENSE_FP16, "bf16": DENSE_BF16}
+
+
+# ---- buffer access ----------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def u8(buf, aux, addr, nbytes):
+    """``nbytes`` bytes at ``addr`` (uint8 view)."""
+    off = addr >> 1
+    if addr & 1:
+        return aux[off:off + nbytes]
+    return buf[off:off + nbytes]
+
+
+@numba.njit(cache=True, inline="always")
+def f32(buf, aux, addr, n):
+    """``n`` float32 at ``addr``."""
+    return u8(buf, aux, addr, 4 * n).view(np.float32)
+
+
+# ---- 2-byte floats ----------------------------------------------------------------------
+
+
+@intrinsic
+def f16_to_f32(typingctx, v):
+    """IEEE half (its bits as uint16) -> float32, exact (``fpext``: vcvtph2ps with F16C)."""
+    if v != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def bf16_to_f32(typingctx, v):
+    """bfloat16 (its bits as uint16) -> float32, exact: the bits in the upper half."""
+    if v != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        w = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(w, ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@numba.njit(fastmath=True, cache=True)
+def _dot16(W, x, r, bf16):
+    """sum_c W[r, c] * x[c], W (rows, cols) uint16 holding fp16 (or ``bf16``) bits; the loop
+    of kernels_dense._dot_fp32 with the widening in it (same flags, same vector order)."""
+    s = np.float32(0.0)
+    if bf16:
+        for c in range(x.shape[0]):
+            s += bf16_to_f32(W[r, c]) * x[c]
+    else:
+        for c in range(x.shape[0]):
+            s += f16_to_f32(W[r, c]) * x[c]
+    return s
+
+
+@numba.njit(fastmath=True, cache=True)
+def matvec_w16(W, x, out, bf16):
+    """out (rows,) = W (rows, cols) fp16 / bf16 bits @ x (cols,) float32; one thread."""
+    for r in range(W.shape[0]):
+        out[r] = _dot16(W, x, r, bf16)
+
+
+@numba.njit(fastmath=True, cache=True, parallel=True)
+def matvec_w16_par(W, x, out, bf16):
+    """:func:`matvec_w16`, output rows split over numba threads (same per-row order)."""
+    for r in numba.prange(W.shape[0]):
+        out[r] = _dot16(W, x, r, bf16)
+
+
+# ---- int8 weights, fp32 activation --------------------------------------------------------
+
+
+@numba.njit(inline="always", **JIT)
+def _int8w_row(Wq, x, r):
+    """sum_c Wq[r, c] * x[c] in float32 (the one per-row order both variants use)."""
+    s = ZERO
+    for c in range(Wq.shape[1]):
+        s += np.float32(Wq[r, c]) * x[c]
+    return s
+
+
+@numba.njit(**JIT)
+def matvec_int8w(Wq, scale, x, out):
+    """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
+    (embedding / head, per-row absmax scale) times a full-precision activation."""
+    for r in range(Wq.shape[0]):
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
+
+
+@numba.njit(parallel=True, **JIT)
+def matvec_int8w_par(Wq, scale, x, out):
+    """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
+    for r in numba.prange(Wq.shape[0]):
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
+
+
+# ---- the engine's entry points --------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def dense_matvec(buf, aux, kind, addr, s_addr, rows, cols, x, out, parallel):
+    """out (rows,) = the stored (rows, cols) matrix at ``addr`` (``kind``: DENSE_*; int8 with
+    its per-row scales at ``s_addr``) @ x (cols,) float32, rows split over threads when
+    ``parallel``."""
+    if kind == DENSE_INT8:
+        Wq = u8(buf, aux, addr, rows * cols).view(np.int8).reshape(rows, cols)
+        S = f32(buf, aux, s_addr, rows)
+        if parallel:
+            matvec_int8w_par(Wq, S, x, out)
+        else:
+            matvec_int8w(Wq, S, x, out)
+    elif kind == DENSE_FP32:
+        W = f32(buf, aux, addr, rows * cols).reshape(rows, cols)
+        if parallel:
+            matvec_fp32_parallel_nb(W, x, out)
+        else:
+            matvec_fp32_nb(W, x, out)
+    else:
+        W16 = u8(buf, aux, addr, 2 * rows * cols).view(np.uint16).reshape(rows, cols)
+        if parallel:
+            matvec_w16_par(W16, x, out, kind == DENSE_BF16)
+        else:
+            matvec_w16(W16, x, out, kind == DENSE_BF16)
+
+
+@numba.njit(cache=True)
+def dense_row(buf, aux, kind, addr, s_addr, row, cols, out):
+    """out (cols,) float32 = row ``row`` of the stored (rows, cols) matrix at ``addr``."""
+    if kind == DENSE_INT8:
+        q = u8(buf, aux, addr + 2 * row * cols, cols).view(np.int8)
+        s = f32(buf, aux, s_addr + 8 * row, 1)[0]
+        for i in range(cols):
+            out[i] = np.float32(q[i]) * s
+    elif kind == DENSE_FP32:
+        w = f32(buf, aux, addr + 8 * row * cols, cols)
+        for i in range(cols):
+            out[i] = w[i]
+    else:
+        h = u8(buf, aux, addr + 4 * row * cols, 2 * cols).view(np.uint16)
+        if kind == DENSE_BF16:
+            for i in range(cols):
+                out[i] = bf16_to_f32(h[i])
+        else:
+            for i in range(cols):
+                out[i] = f16_to_f32(h[i])
+
+
+@numba.njit(**JIT)
+def router_logits(buf, aux, kind, addr, E, D, xn, out):
+    """out (E,) = router (E, D) @ xn (D,): fp32, or fp16 / bf16 widened in the same loop
+    (the routing math of docs/MODEL.md is fp32 on the exact widened weights)."""
+    if kind == DENSE_FP32:
+        Wr = f32(buf, aux, addr, E * D).reshape(E, D)
+        for e in range(E):
+            s = ZERO
+            for d in range(D):
+                s += Wr[e, d] * xn[d]
+            out[e] = s
+        return
+    Wh = u8(buf, aux, addr, 2 * E * D).view(np.uint16).reshape(E, D)
+    for e in range(E):
+        s = ZERO
+        if kind == DENSE_BF16:
+            for d in range(D):
+                s += bf16_to_f32(Wh[e, d]) * xn[d]
+        else:
+            for d in range(D):
+                s += f16_to_f32(Wh[e, d]) * xn[d]
+        out[e] = s
+
+
+# numba cache hygiene: the cached code above embeds tern.kernels.kernels_dense's kernels
+drop_stale_cache(__file__, ("kernels_dense.py",), dense_matvec)
