@@ -178,11 +178,25 @@ class EngineRun:
 
 def op_curve_for(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str, threads: int) -> OpCurve | None:
     """The curve of ``op`` run as ``split`` at the thread count nearest ``threads`` (serial
-    curves: 1 thread); None when the profile has none."""
+    curves: 1 thread), of the largest matrix shape measured; None when the profile has none."""
     rows = [c for c in curves if c.op == op and c.split == split]
     if not rows:
         return None
-    return min(rows, key=lambda c: (abs(c.threads - threads), -c.threads))
+    t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))
+    return max((c for c in rows if c.threads == t), key=lambda c: c.rows * c.cols)
+
+
+def op_curve_pair(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str,
+                  threads: int) -> tuple[OpCurve, OpCurve] | None:
+    """(smaller, larger) matrix shape of ``op``'s curves as ``split`` at the thread count
+    nearest ``threads``, from which the predictor separates a per-call memory stall from a
+    per-weight one (tern.predict.inventory.curve_stall); None unless two shapes were measured."""
+    large = op_curve_for(curves, op, split, threads)
+    if large is None:
+        return None
+    small = [c for c in curves if c.op == op and c.split == split and c.threads == large.threads
+             and c.rows * c.cols * c.density < large.rows * large.cols * large.density]
+    return (max(small, key=lambda c: c.rows * c.cols), large) if small else None
 
 
 def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:

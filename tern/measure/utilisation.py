@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tern.core.config import ModelConfig, param_counts, tensor_specs
-from tern.core.formats import tensor_bytes
+from tern.core.config import ModelConfig, param_counts
 from tern.core.host_profile import HostProfile
 from tern.core.host_queries import bandwidth_gbps
+from tern.predict.pools import engine_extra_bytes
 
 NO_PROFILE = "no host profile (run `tern probe`): bandwidth fraction not computed"
 
@@ -54,24 +54,7 @@ def engine_bytes_per_token(cfg: ModelConfig, dense16: str = "direct") -> int:
     routers are read as fp32, base-3 ternary matrices as ternary2, and with
     ``dense16="expand"`` (tern.run.engine's option; default "direct" reads them as stored)
     fp16 / bf16 embedding and head rows and routers as fp32."""
-    pc = param_counts(cfg)
-    expand = dense16 == "expand"
-    extra = 0
-    for s in tensor_specs(cfg):
-        if s.group in ("embed", "head") and s.format in ("fp16", "bf16") and expand:
-            V, D = s.shape
-            if s.group == "head":
-                extra += V * D * 2  # the whole head at 4 bytes, not 2
-            elif cfg.tie_embeddings:  # the head reads the table at 4 bytes; the row its own copy
-                extra += V * D * 2 + D * 4
-            else:
-                extra += D * 2  # one row at 4 bytes, not 2
-        elif s.group == "router" and (s.format == "int8" or (expand and s.format in ("fp16", "bf16"))):
-            extra += s.numel * 4 - tensor_bytes(s.format, s.shape)
-        elif s.format == "ternary_b3":
-            share = cfg.top_k / s.shape[0] if s.pool == "streamed" else 1.0
-            extra += round(share * (tensor_bytes("ternary2", s.shape) - tensor_bytes(s.format, s.shape)))
-    return pc.active.bytes + extra
+    return param_counts(cfg).active.bytes + sum(engine_extra_bytes(cfg, dense16))
 
 
 def row_utilisation(row: dict[str, Any], host: HostProfile | None,

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
-from tern.core.host_profile import op_cost_for, op_curve_for
+from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     SEGMENT_COLS,
@@ -270,21 +270,50 @@ def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float |
     return max(curve.seconds_at(ws) - fixed, 0.0) / (t_ref - fixed)
 
 
+def _per_call_at(pair: tuple[Any, Any], ws: float, weights: float, first: bool = False) -> float:
+    """Seconds per call of a matrix reading ``weights`` weights at working set ``ws``,
+    linear in the weights read through the two measured shapes of ``pair`` (``first``: at
+    each curve's smallest, cache-resident working set)."""
+    w_s, w_l = (c.rows * c.cols * c.density for c in pair)
+    t_s, t_l = (c.seconds[0] if first else c.seconds_at(ws) for c in pair)
+    return t_s + (weights - w_s) * (t_l - t_s) / (w_l - w_s)
+
+
+def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weights: float) -> float | None:
+    """Seconds one call of ``key``'s op reading ``weights`` weights takes at working set
+    ``ws`` beyond the same call on cache-resident data, from two measured matrix sizes (a
+    per-call stall plus a per-weight one, both measured); None without two sizes. With
+    ``split == "experts"`` the curve's time is per group of parallel calls and the
+    reference is the single-thread curve, as in :func:`_curve_slowdown`."""
+    split = key.split if threads > 1 else "serial"
+    pair = op_curve_pair(host.op_curves, key.op, split, threads)
+    ref = pair if split != "experts" else op_curve_pair(host.op_curves, key.op, "serial", 1)
+    if pair is None or ref is None:
+        return None
+    return max(0.0, _per_call_at(pair, ws, weights) - _per_call_at(ref, ws, weights, first=True))
+
+
 def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, float] | None:
     """(seconds, weight bytes) the curve-covered ops of ``work`` take beyond their
-    cache-resident cost at working set ``ws`` (each op's per-weight cost times its measured
-    slowdown there, minus one); None when the profile has no kernel curves."""
+    cache-resident cost at working set ``ws``; None when the profile has no kernel curves.
+    Where the profile has two matrix sizes of an op's curve, each call's extra time is read
+    off them at the op's own matrix size (:func:`_pair_extra_per_call`); else each op's
+    per-weight cost is scaled by its curve's slowdown there (:func:`_curve_slowdown`)."""
     if not getattr(host, "op_curves", ()):
         return None
     extra = covered = 0.0
     for key, w in work.items():
-        if key.op not in WEIGHT_BYTES_PER_UNIT:
+        if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
             continue
-        slow = _curve_slowdown(host, key, threads, ws)
         t, divisor = key.priced_at(threads)
-        cost = op_cost_for(host.op_costs, key.op, t)
-        if slow is None or cost is None:
-            continue
-        extra += cost.unit_s * w.units * (slow - 1.0) / divisor
+        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls)
+        if per_call is not None:
+            extra += w.calls * per_call / divisor
+        else:
+            slow = _curve_slowdown(host, key, threads, ws)
+            cost = op_cost_for(host.op_costs, key.op, t)
+            if slow is None or cost is None:
+                continue
+            extra += cost.unit_s * w.units * (slow - 1.0) / divisor
         covered += w.units * WEIGHT_BYTES_PER_UNIT[key.op]
     return extra, covered

@@ -221,3 +221,22 @@ def test_serial_bytes_stream_at_one_threads_bandwidth():
     host = dataclasses.replace(one, bandwidth=one.bandwidth + two.bandwidth, op_costs=_costs())
     p1, p2 = predict(small, host, threads=1), predict(small, host, threads=2)
     assert p2.resident.stall_s == pytest.approx(p1.resident.stall_s)
+
+
+def test_the_pools_count_the_bytes_the_engine_reads_not_the_file_s():
+    """An int8 router is dequantized to fp32 at load (tern.run.engine): each token reads it
+    at 4 bytes per weight, so the resident pool grows by 3 bytes per router weight (less the
+    file's per-row scales); an fp32 router reads as stored."""
+    from conftest import SMALL
+
+    from tern.core.config import param_counts
+    from tern.predict.pools import engine_extra_bytes, two_pool
+
+    moe = SMALL.replace(moe_layers=(0, 1, 2), n_experts=8, top_k=2, expert_hidden=32, mlp_hidden=0,
+                        router_format="int8")
+    router = param_counts(moe).by_group["router"]
+    assert engine_extra_bytes(moe) == (router.params * 4 - router.bytes, 0)
+    assert two_pool(moe).resident_bytes == param_counts(moe).resident.bytes + router.params * 4 - router.bytes
+    fp32 = moe.replace(router_format="fp32")
+    assert engine_extra_bytes(fp32) == (0, 0)
+    assert two_pool(fp32).resident_bytes == param_counts(fp32).resident.bytes

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from tern.core.host_profile import HostProfile, OpCurve, op_curve_for
+from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair
 from tern.predict.inventory import WorkKey, curve_stall
-from tern.probe.curves import CurveBuffer, curve_plan, measure_curve
+from tern.probe.curves import SMALL_CURVE_SHAPES, CurveBuffer, curve_plan, measure_curve
 from tern.probe.timing import TimingConfig
 
 FAST = TimingConfig(min_time_s=0.002, repeats=2, warmup_s=0.0, max_calibration_s=0.01)
@@ -37,7 +37,57 @@ def test_curve_validation_and_lookup():
         OpCurve("x", "serial", 1, 1, 1, 1.0, (1,), (float("nan"),))
     assert op_curve_for([c], "ternary_matvec", "serial", 4) is c
     assert op_curve_for([c], "ternary_matvec", "rows", 2) is None
-    assert len(curve_plan((1, 2))) == 13 and all(s == "serial" for _, s, _ in curve_plan((1, 2), quick=True))
+    plan = curve_plan((1, 2))
+    assert len(plan) == 19 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
+    # the smaller shapes come after every main shape (an older reader takes the first curve)
+    small = [i for i, (op, _, _, shape) in enumerate(plan) if shape == SMALL_CURVE_SHAPES.get(op)]
+    assert len(small) == 6 and min(small) == len(plan) - 6
+
+
+def test_the_lookup_takes_the_main_shape_and_pairs_the_two():
+    big = OpCurve("ternary_matvec", "serial", 1, 1024, 1024, 1.0, (1 << 18, 1 << 30), (1e-5, 3e-5))
+    small = OpCurve("ternary_matvec", "serial", 1, 256, 1024, 1.0, (1 << 18, 1 << 30), (2.5e-6, 9e-6))
+    assert op_curve_for([small, big], "ternary_matvec", "serial", 1) is big
+    assert op_curve_pair([small, big], "ternary_matvec", "serial", 1) == (small, big)
+    assert op_curve_pair([big], "ternary_matvec", "serial", 1) is None
+
+
+def test_two_sizes_price_a_per_call_stall_at_the_op_s_own_matrix_size():
+    """From the two sizes: per call at 1 GiB, t = 9e-6 + (w - 256Ki) * (3e-5 - 9e-6) / 768Ki;
+    on cache-resident data t0 = 2.5e-6 + (w - 256Ki) * 7.5e-6 / 768Ki. A 512 x 1024 matrix
+    (w = 512Ki weights): t = 1.6e-5, t0 = 5e-6, so 1.1e-5 s more per call."""
+    from tern.core.host_profile import OpCost
+    from tern.predict.inventory import OpWork
+
+    big = OpCurve("ternary_matvec", "serial", 1, 1024, 1024, 1.0, (1 << 18, 1 << 30), (1e-5, 3e-5))
+    small = OpCurve("ternary_matvec", "serial", 1, 256, 1024, 1.0, (1 << 18, 1 << 30), (2.5e-6, 9e-6))
+    cost = OpCost("ternary_matvec", 1, call_s=0.0, row_s=0.0, unit_s=1e-11, samples=3, max_rel_err=0.0)
+    host = HostProfile("t", True, {}, (), "test", (), op_costs=(cost,), op_curves=(big, small))
+    work = {WorkKey("ternary_matvec"): OpWork(10.0, 5120.0, 10 * 512 * 1024.0, 0.0)}
+    extra, covered = curve_stall(work, host, 1, 1 << 30)
+    assert extra == pytest.approx(10 * 1.1e-5)
+    assert covered == pytest.approx(10 * 512 * 1024 * 0.25)
+    # one size only: the per-weight slowdown of that curve (3x: two more per-weight costs)
+    one, _ = curve_stall(work, dataclasses.replace(host, op_curves=(big,)), 1, 1 << 30)
+    assert one == pytest.approx(1e-11 * 10 * 512 * 1024 * 2.0)
+    # never below the cache-resident time
+    fast = dataclasses.replace(small, seconds=(2.5e-6, 2.0e-6))
+    low, _ = curve_stall({WorkKey("ternary_matvec"): OpWork(1.0, 64.0, 64 * 1024.0, 0.0)},
+                         dataclasses.replace(host, op_curves=(big, fast)), 1, 1 << 30)
+    assert low >= 0.0
+
+
+def test_the_curve_buffer_maps_a_file_like_the_engine_and_leaves_none_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    buf = CurveBuffer(3 << 20)
+    assert buf.backing == "file" and buf.data.size == 3 << 20 and not buf.data.flags.writeable
+    assert 0x30 <= int(buf.data.min()) and int(buf.data.max()) <= 0x3F
+    assert list(tmp_path.iterdir()) == []  # unlinked once mapped
+    assert CurveBuffer(1 << 20, backing="anonymous").data.flags.writeable
+    with pytest.raises(ValueError, match="backing"):
+        CurveBuffer(1 << 20, backing="tmpfs")
 
 
 def test_curves_round_trip_in_a_profile(tmp_path):
