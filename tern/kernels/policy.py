@@ -56,3 +56,15 @@ def stream_row_bytes(cfg: ModelConfig, llc_bytes: int | None) -> tuple[int, int]
               and pc.resident.bytes + pc.expert_bytes_total > llc_bytes else 0)
     return res, routed
 
+
+# The engine copies the packed file into anonymous memory on transparent huge pages
+# (tern.run.weights.huge_page_copy) when the file takes at most this share of the memory
+# available at load; past it the copy could push the machine into reclaim, and the engine
+# reads the memory-mapped file instead.
+COPY_MAX_MEMORY_FRACTION = 0.5
+
+
+def copy_weights(file_bytes: int, available_bytes: int | None) -> bool:
+    """Does the engine's default (``weights="auto"``) read its weights from a huge-page copy?
+    Yes when the memory available is known and the file fits in COPY_MAX_MEMORY_FRACTION of it."""
+    return bool(available_bytes) and file_bytes <= COPY_MAX_MEMORY_FRACTION * available_bytes

@@ -28,6 +28,11 @@ computes the same model (docs/MODEL.md):
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
   to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
+- ``weights``: where the token step reads the file's bytes: ``"copy"``, a copy in
+  anonymous memory on transparent huge pages (tern.run.weights: fewer TLB misses; costs a
+  pass over the file at load and its size in resident memory), ``"map"``, the
+  memory-mapped file itself, or ``"auto"`` (default): the copy when the file fits in half
+  the memory available (tern.kernels.policy.copy_weights). Same logits.
 - ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full"
   (default) reads every byte: tensor crc32s, ternary codes, finite weights. "header"
   checks only the structure; flipped weight bits, NaN weights and invalid ternary codes
@@ -65,13 +70,16 @@ from tern.kernels.policy import (
     STREAM_MAX_ROW_BYTES,
     STREAM_MIN_ROW_BYTES,
     act_skip_applies,
+    copy_weights,
     stream_row_bytes,
 )
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
+from tern.run.weights import available_memory_bytes, huge_page_copy
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
+WEIGHTS_MODES = ("auto", "copy", "map")  # huge-page copy of the file, or the memory map
 DENSE16_MODES = ("direct", "expand")  # fp16 / bf16 tables read as stored, or converted to fp32 at load
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
@@ -111,7 +119,7 @@ class Engine:
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
-                 stream: str = "auto", dense16: str = "direct"):
+                 stream: str = "auto", dense16: str = "direct", weights: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -143,6 +151,11 @@ class Engine:
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
+        if weights not in WEIGHTS_MODES:
+            raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
+        if weights == "auto":
+            weights = "copy" if copy_weights(self.model.file_bytes, available_memory_bytes()) else "map"
+        self.weights = weights
         if stream == "auto":
             self.stream_row_bytes = stream_row_bytes(self.cfg, host_llc_bytes())
         else:
@@ -281,7 +294,7 @@ class Engine:
         G = np.concatenate([G, routed])
         self.G, self.T, self.LI = G, T, LI
         self.aux = aux.build()
-        self.buf = self.model.buffer
+        self.buf = huge_page_copy(self.model.buffer) if self.weights == "copy" else self.model.buffer
         self.n_ssm, self.n_attn, self.n_moe = n_ssm, n_attn, n_moe
         self.eps = float(cfg.norm_eps)
 
@@ -427,5 +440,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16,
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -31,3 +31,11 @@ def test_inventory_prices_the_down_projection_by_the_rule(activation):
     else:  # a SiLU down projection is a plain row matvec: every weight, nothing skipped
         assert skip == 0 and rows == gate_up + down and skip_s == 0 and skip_r == 0
         assert not any(k.op == "ternary_skip" for k in (*res, *st))
+
+
+def test_copy_weights_needs_the_file_to_fit_in_half_the_available_memory():
+    from tern.kernels.policy import COPY_MAX_MEMORY_FRACTION, copy_weights
+
+    assert COPY_MAX_MEMORY_FRACTION == 0.5
+    assert copy_weights(10, 20) and not copy_weights(11, 20)
+    assert not copy_weights(1, None) and not copy_weights(1, 0)  # unknown memory: map the file
