@@ -1,6 +1,6 @@
 """Step 5 — measure against prediction: the engine ladder, decode sweeps from cache-resident
-to DRAM-bound, calibration checks, llama.cpp side by side (peers), bandwidth utilisation and
-their figures.
+to DRAM-bound, calibration checks, llama.cpp side by side (peers), bandwidth utilisation, quality against
+decode speed (frontier) and their figures.
 
 Public names are re-exported lazily (tern.core.lazy): ``from tern.measure import X`` imports only
 the submodule defining X."""
@@ -27,6 +27,8 @@ _EXPORTS = {
     "ensure_model": "sweep",
     "fixed_active_family": "sweep",
     "fixed_total_family": "sweep",
+    "frontier_arms": "frontier",
+    "frontier_points": "frontier",
     "gguf_tensors": "peers_gguf",
     "ladder_headline": "ladder",
     "ladder_model": "ladder",
@@ -37,6 +39,7 @@ _EXPORTS = {
     "peers_table": "peers",
     "plot_fixed_active": "plots",
     "plot_fixed_total": "plots",
+    "plot_frontier": "plots_frontier",
     "plot_peers": "plots_peers",
     "plot_ratios": "plots",
     "plot_utilisation": "plots_peers",
@@ -45,6 +48,7 @@ _EXPORTS = {
     "render_peers": "peers",
     "render_rows": "sweep",
     "row_utilisation": "utilisation",
+    "run_frontier": "frontier",
     "run_ladder": "ladder",
     "run_peers": "peers",
     "run_sweep": "sweep",

@@ -6,8 +6,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from tern.measure.frontier import JSON_FIELDS as FRONTIER_FIELDS
 from tern.measure.ladder import render_ladder, run_ladder
 from tern.measure.peers import JSON_FIELDS as PEERS_FIELDS
 from tern.measure.peers import cli_configure_peers, cli_run_peers, render_peers
@@ -57,7 +59,7 @@ JSON_FIELDS = """\
   sweep: bench, records, host, calibration {per_token_overhead_s[_tN], bandwidth_efficiency[_tN]},
     points: [see tern.measure.sweep.JSON_FIELDS], accuracy {n, median_ratio, worst_ratio, within_25pct},
     pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]
-""" + PEERS_FIELDS
+""" + PEERS_FIELDS + "\n" + FRONTIER_FIELDS
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
@@ -150,6 +152,76 @@ def cli_render_hosts(r: dict[str, Any]) -> str:
     return "\n".join(head + [render_hosts_report(r["hosts"])])
 
 
+def cli_configure_frontier(p: Any) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--minutes", type=float, help="wall-clock minutes of CPU training per arm and seed (default 3)")
+    g.add_argument("--seconds", type=float, help="the same budget in seconds")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds (default 0)")
+    p.add_argument("--threads", type=int, nargs="+", default=None,
+                   help="decode thread counts timed (default: 1 and all cores)")
+    p.add_argument("--arms", nargs="+", default=None, metavar="ARM",
+                   help="a subset of: sandbox dense_fp32 dense_ternary coarse_moe fine_moe (default all)")
+    p.add_argument("--results", default="results",
+                   help="results folder (rows: <results>/bench/frontier.jsonl; runs: <results>/frontier/)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-scale run: a small base config, 2 s per arm (unless a budget is given), "
+                        "validation on 4,096 tokens, rows in frontier_smoke.jsonl")
+    p.add_argument("--force", action="store_true", help="retrain arms already in the rows file")
+    p.add_argument("--tokens", type=int, default=None, help="timed decode tokens per repeat (default 256; smoke 32)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per thread count (default 7; smoke 2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed decode tokens first (default 32; smoke 4)")
+    p.add_argument("--train-threads", type=int, default=0, help="torch threads for training (0: torch's default)")
+    p.add_argument("--from-rows", metavar="JSONL", default=None,
+                   help="train nothing: table and figure from a rows file (e.g. benchmarks/frontier/frontier.jsonl)")
+    p.add_argument("--figure", default=None,
+                   help="where to save the figure (default: <results>/figures/frontier[_smoke].png)")
+
+
+def cli_run_frontier(args: Any) -> dict[str, Any]:
+    from tern.core.paths import results_dir
+    from tern.core.records import read_jsonl
+    from tern.measure.frontier import frontier_points, latest_rows, run_frontier
+    from tern.measure.plots_frontier import plot_frontier
+
+    for name in ("minutes", "seconds"):
+        v = getattr(args, name)
+        if v is not None and not (v > 0 and v != float("inf")):
+            raise ValueError(f"--{name} must be a number > 0, got {v}")
+    if args.train_threads < 0:
+        raise ValueError(f"--train-threads must be >= 0, got {args.train_threads}")
+    if args.from_rows:
+        src = Path(args.from_rows)
+        if not src.is_file():
+            raise FileNotFoundError(f"no rows file {src}")
+        rows = latest_rows(read_jsonl(src))
+        if not rows:
+            raise ValueError(f"{src} holds no frontier rows")
+        r = {"bench": "frontier", "records": str(src), "budget_s": rows[0]["budget_s"],
+             "seeds": sorted({x["seed"] for x in rows}), "threads": sorted({x["threads"] for x in rows}),
+             "smoke": bool(rows[0].get("smoke")), "trained": [], "reused": sorted({x["arm"] for x in rows}),
+             "rows": rows, "points": frontier_points(rows)}
+    else:
+        budget = (args.seconds if args.seconds is not None else
+                  60.0 * args.minutes if args.minutes is not None else 2.0 if args.smoke else 180.0)
+        r = run_frontier(args.results, budget, args.seeds, args.threads or sorted({1, os.cpu_count() or 1}),
+                         args.arms, smoke=args.smoke, force=args.force, tokens=args.tokens,
+                         repeats=args.repeats, warmup=args.warmup, train_threads=args.train_threads,
+                         command="tern " + " ".join(sys.argv[1:]))
+    fig_path = Path(args.figure) if args.figure else (
+        results_dir(args.results) / "figures" / f"frontier{'_smoke' if r['smoke'] else ''}.png")
+    if r["points"]:
+        fig_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_frontier(r["rows"]).savefig(fig_path, dpi=120, bbox_inches="tight")
+        r["figure"] = str(fig_path)
+    return r
+
+
+def cli_render_frontier(r: dict[str, Any]) -> str:
+    from tern.measure.frontier import render_frontier
+
+    return render_frontier(r)
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "ladder": ("ablation ladder: tok/s and BPB of each engine optimization on the sandbox",
                _configure_ladder, _run_ladder, render_ladder),
@@ -161,4 +233,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "hosts": ("committed hosts (benchmarks/hosts): every host's sweep predicted again from its own profile, "
               "probe only; --save commits this one",
               cli_configure_hosts, cli_run_hosts, cli_render_hosts),
+    "frontier": ("quality against decode speed: the sandbox recipe and its ablations (dense fp32, dense "
+                 "ternary, coarse MoE, fine MoE) trained for one CPU budget, validation BPB against "
+                 "measured decode tok/s",
+                 cli_configure_frontier, cli_run_frontier, cli_render_frontier),
 }
