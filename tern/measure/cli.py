@@ -164,7 +164,7 @@ def cli_configure_frontier(p: Any) -> None:
     p.add_argument("--results", default="results",
                    help="results folder (rows: <results>/bench/frontier.jsonl; runs: <results>/frontier/)")
     p.add_argument("--smoke", action="store_true",
-                   help="a seconds-scale run: a small base config, 2 s per arm (unless a budget is given), "
+                   help="a seconds-scale run: a small base config, 1 s per arm (unless a budget is given), "
                         "validation on 4,096 tokens, rows in frontier_smoke.jsonl")
     p.add_argument("--force", action="store_true", help="retrain arms already in the rows file")
     p.add_argument("--tokens", type=int, default=None, help="timed decode tokens per repeat (default 256; smoke 32)")
@@ -180,7 +180,7 @@ def cli_configure_frontier(p: Any) -> None:
 def cli_run_frontier(args: Any) -> dict[str, Any]:
     from tern.core.paths import results_dir
     from tern.core.records import read_jsonl
-    from tern.measure.frontier import frontier_points, latest_rows, run_frontier
+    from tern.measure.frontier import DEFAULT_BUDGET_S, SMOKE_BUDGET_S, result_from_rows, run_frontier
     from tern.measure.plots_frontier import plot_frontier
 
     for name in ("minutes", "seconds"):
@@ -193,16 +193,10 @@ def cli_run_frontier(args: Any) -> dict[str, Any]:
         src = Path(args.from_rows)
         if not src.is_file():
             raise FileNotFoundError(f"no rows file {src}")
-        rows = latest_rows(read_jsonl(src))
-        if not rows:
-            raise ValueError(f"{src} holds no frontier rows")
-        r = {"bench": "frontier", "records": str(src), "budget_s": rows[0]["budget_s"],
-             "seeds": sorted({x["seed"] for x in rows}), "threads": sorted({x["threads"] for x in rows}),
-             "smoke": bool(rows[0].get("smoke")), "trained": [], "reused": sorted({x["arm"] for x in rows}),
-             "rows": rows, "points": frontier_points(rows)}
+        r = result_from_rows(read_jsonl(src), src)
     else:
-        budget = (args.seconds if args.seconds is not None else
-                  60.0 * args.minutes if args.minutes is not None else 2.0 if args.smoke else 180.0)
+        budget = (args.seconds if args.seconds is not None else 60.0 * args.minutes if args.minutes is not None
+                  else SMOKE_BUDGET_S if args.smoke else DEFAULT_BUDGET_S)
         r = run_frontier(args.results, budget, args.seeds, args.threads or sorted({1, os.cpu_count() or 1}),
                          args.arms, smoke=args.smoke, force=args.force, tokens=args.tokens,
                          repeats=args.repeats, warmup=args.warmup, train_threads=args.train_threads,

@@ -27,7 +27,7 @@ The arms (equal **active** params within :data:`ACTIVE_TOLERANCE` of the base):
 
 Rows (one per arm, seed and thread count, see :data:`JSON_FIELDS`) are appended as a run
 finishes each arm; an arm whose key (arm, seed, budget, config hash) is already in the rows
-file is read back, not retrained, unless ``force``.
+file at every thread count asked for is read back, not retrained, unless ``force``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ ARM_NAMES = ("sandbox", "dense_fp32", "dense_ternary", "coarse_moe", "fine_moe")
 GRANULARITY = 4  # coarse: 4x fewer, 4x wider experts; fine: 4x more, 4x narrower (top_k alike)
 ACTIVE_TOLERANCE = 0.025  # |active - base active| / base active: the routers (E x d_model fp32 per layer) differ
 ROWS_NAME, SMOKE_ROWS_NAME = "frontier.jsonl", "frontier_smoke.jsonl"
+DEFAULT_BUDGET_S, SMOKE_BUDGET_S = 180.0, 1.0  # wall-clock seconds of CPU training per arm and seed
 TIMED_ENGINE = dict(act_skip="auto", moe_skip=True, fused=True)  # the engine's defaults, best rung
 
 # --smoke: the same rules on a small base (seconds per arm, a quick validation estimate)
@@ -65,7 +66,8 @@ JSON_FIELDS = """\
     "shape twin, fp32 kernel"), engine {...}, tok_per_s {median, min, max, iqr, spread_rel,
     repeats}, us_per_token {...}, tokens_per_repeat, warmup_tokens, smoke, run_id, host, cpu,
     versions, git_commit, timestamp, command}],
-    points: [{arm, threads, val_bpb, val_bpb_se, seeds, tok_per_s, pareto}]"""
+    points: [{arm, label, threads, val_bpb, val_bpb_se, seeds, tok_per_s (median), tok_per_s_iqr_rel,
+    tok_per_s_spread_rel ((max - min) / median), train_tokens, total_params, active_params, pareto}]"""
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def measure_arm(arm: Arm, seed: int, budget_s: float, results: Path, *, threads:
 # ---- the frontier ---------------------------------------------------------------------------
 
 
-def run_frontier(results: str | Path = "results", budget_s: float = 180.0, seeds: Sequence[int] = (0,),
+def run_frontier(results: str | Path = "results", budget_s: float = DEFAULT_BUDGET_S, seeds: Sequence[int] = (0,),
                  threads: Sequence[int] = (1, 2), arms: Sequence[str] | None = None, *, smoke: bool = False,
                  force: bool = False, base: ModelConfig | None = None, tokens: int | None = None,
                  repeats: int | None = None, warmup: int | None = None, train_threads: int = 0,
@@ -269,9 +271,13 @@ def run_frontier(results: str | Path = "results", budget_s: float = 180.0, seeds
     chosen = [a for a in all_arms if a.name in names]
     out = results_dir(results)
     records = out / "bench" / (SMOKE_ROWS_NAME if smoke else ROWS_NAME)
-    done = {r["key"] for r in read_jsonl(records) if r.get("kind") == "frontier_point"} if not force else set()
-    todo = [(a, s) for s in seeds for a in chosen if arm_key(a, s, budget_s) not in done]
-    trained, reused = [], [f"{a.name}/seed{s}" for s in seeds for a in chosen if arm_key(a, s, budget_s) in done]
+    timed = {(r["key"], r["threads"]) for r in read_jsonl(records) if r.get("kind") == "frontier_point"}
+
+    def done(a: Arm, s: int) -> bool:  # every thread count asked for is in the rows already
+        return not force and all((arm_key(a, s, budget_s), t) in timed for t in threads)
+
+    todo = [(a, s) for s in seeds for a in chosen if not done(a, s)]
+    trained, reused = [], [f"{a.name}/seed{s}" for s in seeds for a in chosen if done(a, s)]
     bar = tqdm(total=len(todo), desc="frontier arms", unit="arm", file=sys.stderr, disable=not progress)
     for a, s in todo:
         bar.set_postfix_str(f"{a.name} seed {s}")
@@ -317,6 +323,7 @@ def frontier_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "val_bpb_se": se, "seeds": sorted(r["seed"] for r in rs),
                     "tok_per_s": statistics.median(r["tok_per_s"]["median"] for r in rs),
                     "tok_per_s_spread_rel": max(r["tok_per_s"]["spread_rel"] for r in rs),
+                    "tok_per_s_iqr_rel": max(r["tok_per_s"].get("iqr", 0.0) / r["tok_per_s"]["median"] for r in rs),
                     "train_tokens": statistics.fmean(r["train"]["train_tokens"] for r in rs),
                     "total_params": rs[0]["total_params"], "active_params": rs[0]["active_params"]})
     for p in pts:
@@ -325,6 +332,35 @@ def frontier_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                               and (q["tok_per_s"] > p["tok_per_s"] or q["val_bpb"] < p["val_bpb"])
                               for q in pts)
     return pts
+
+
+def result_from_rows(rows: list[dict[str, Any]], records: str | Path) -> dict[str, Any]:
+    """A :func:`run_frontier`-shaped result of rows read back (nothing trained)."""
+    rows = latest_rows(rows)
+    if not rows:
+        raise ValueError(f"{records} holds no frontier rows")
+    return {"bench": "frontier", "records": str(records), "budget_s": rows[0]["budget_s"],
+            "seeds": sorted({r["seed"] for r in rows}), "threads": sorted({r["threads"] for r in rows}),
+            "smoke": bool(rows[0].get("smoke")), "trained": [],
+            "reused": sorted({f"{r['arm']}/seed{r['seed']}" for r in rows}), "rows": rows,
+            "points": frontier_points(rows)}
+
+
+def frontier_to_show(results: str | Path = "results", smoke: bool = False,
+                     progress: bool = True) -> dict[str, Any] | None:
+    """What notebook 07 shows: with ``smoke`` the smoke frontier, run (or resumed) into
+    ``results``; else the rows measured into ``<results>/bench/frontier.jsonl`` when there
+    are any, else the committed ``benchmarks/frontier/frontier.jsonl`` (a checkout only);
+    None when neither exists (the frontier has not been measured)."""
+    from tern.core.paths import results_dir
+
+    if smoke:
+        return run_frontier(results, budget_s=SMOKE_BUDGET_S, threads=[1], smoke=True, progress=progress)
+    mine = results_dir(results) / "bench" / ROWS_NAME
+    for path in (mine, committed_rows_path()):
+        if path is not None and latest_rows(read_jsonl(path)):
+            return result_from_rows(read_jsonl(path), path)
+    return None
 
 
 def committed_rows_path() -> Path | None:
@@ -340,11 +376,11 @@ def render_frontier(r: dict[str, Any]) -> str:
     lines = [f"quality against decode speed: {r['budget_s']:g} s of CPU training per arm, seeds {r['seeds']}"
              + (" (smoke)" if r.get("smoke") else ""),
              f"{'arm':<14} {'thr':>3} {'total':>7} {'active':>7} {'tokens':>9} {'val BPB':>8} "
-             f"{'tok/s':>8} {'spread':>6}  pareto"]
+             f"{'tok/s':>8} {'IQR':>5} {'range':>6}  pareto"]
     for p in r["points"]:
         lines.append(f"{p['arm']:<14} {p['threads']:>3} {p['total_params'] / 1e6:6.2f}M {p['active_params'] / 1e6:6.2f}M "
                      f"{p['train_tokens']:9,.0f} {p['val_bpb']:8.4f} {p['tok_per_s']:8.0f} "
-                     f"{p['tok_per_s_spread_rel']:5.0%}  {'*' if p['pareto'] else ''}")
+                     f"{p['tok_per_s_iqr_rel']:5.1%} {p['tok_per_s_spread_rel']:5.0%}  {'*' if p['pareto'] else ''}")
     lines.append(f"trained now: {', '.join(r['trained']) or 'none'}; read back: {', '.join(r['reused']) or 'none'}")
     lines.append(f"records: {r['records']}" + (f"; figure: {r['figure']}" if r.get("figure") else ""))
     return "\n".join(lines)

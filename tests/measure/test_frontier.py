@@ -164,3 +164,31 @@ def test_cli_from_rows_prints_json_and_saves_the_figure(tmp_path, capsys):
     assert main(["bench", "frontier", "--from-rows", str(rows_file), "--figure", str(fig)]) == 0
     text = capsys.readouterr().out
     assert "val BPB" in text and "dense_fp32" in text
+
+
+def test_what_notebook_07_shows(tmp_path, monkeypatch):
+    committed = tmp_path / "committed.jsonl"
+    monkeypatch.setattr(fr, "committed_rows_path", lambda: None)
+    assert fr.frontier_to_show(tmp_path / "empty") is None  # nothing measured: the cell says how
+    append_jsonl(committed, [_row("sandbox", 1, 2.0, 100.0), _row("fine_moe", 1, 1.9, 50.0)])
+    monkeypatch.setattr(fr, "committed_rows_path", lambda: committed)
+    shown = fr.frontier_to_show(tmp_path / "empty")
+    assert shown["records"] == str(committed) and [p["arm"] for p in shown["points"]] == ["sandbox", "fine_moe"]
+    assert "val BPB" in fr.render_frontier(shown)
+    mine = tmp_path / "mine" / "bench" / fr.ROWS_NAME
+    append_jsonl(mine, _row("coarse_moe", 2, 2.1, 90.0))
+    assert fr.frontier_to_show(tmp_path / "mine")["records"] == str(mine)  # this machine's rows first
+    seen = {}
+    monkeypatch.setattr(fr, "run_frontier", lambda *a, **k: seen.update(k) or {"rows": []})
+    fr.frontier_to_show(tmp_path / "mine", smoke=True, progress=False)
+    assert seen["smoke"] is True and seen["budget_s"] == fr.SMOKE_BUDGET_S
+
+
+def test_an_arm_missing_a_thread_count_is_measured_again(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(fr, "measure_arm", lambda arm, seed, budget_s, results, **kw: calls.append(kw["threads"])
+                        or [_row(arm.name, t, 2.0, 100.0, seed, budget_s) for t in kw["threads"]])
+    append_jsonl(tmp_path / "bench" / fr.ROWS_NAME, _row("sandbox", 1, 2.0, 100.0))
+    assert fr.run_frontier(tmp_path, threads=[1], arms=["sandbox"], progress=False)["trained"] == []
+    assert fr.run_frontier(tmp_path, threads=[1, 2], arms=["sandbox"], progress=False)["trained"] == ["sandbox/seed0"]
+    assert calls == [[1, 2]]
