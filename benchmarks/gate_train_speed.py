@@ -9,6 +9,13 @@ Every row (JSONL, tern.core.records) is ``record: "train_speed"`` with the model
 batch, seq_len, dispatch, threads, concurrent (runs side by side), per-step seconds
 (median, spread), tokens_per_s = batch * seq_len / median step, eval_s (validation of the
 full split, when asked) and run_metadata: `tern gate plan --speed FILE` reads them.
+``--backward fp32 bf16`` trains with each ``TrainConfig.cpu_backward`` (default: the
+config's own); ``--paths reference`` runs the step without the fused CPU paths of issue 18
+(foreach AdamW instead of the fused one, the explicit masked softmax instead of fused
+causal attention, eval's fp32 integer products instead of ``torch._int_mm``): with
+``--paths reference fast --backward fp32 bf16`` one run compares the old and new step
+(``--code`` / ``--code-note`` tag the rows); ``--profile N`` adds where a step's time goes
+(torch.profiler over N more steps: self CPU ms per step by category, ``profile_ms``).
 ``--concurrent 2`` runs two copies of each measurement side by side in two processes (each
 with ``--threads``) and reports each one's figures: the layout question "two single-thread
 runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
@@ -18,6 +25,7 @@ threads 1 against tokens_per_s at concurrent 1 / threads 2.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -29,15 +37,71 @@ from pathlib import Path
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
 
+# profile categories: (label, op-name prefixes); everything else is "other torch ops"
+PROFILE_CATEGORIES = (
+    ("matmul", ("aten::mm", "aten::bmm", "aten::_int_mm", "aten::addmm", "aten::_grouped_mm")),
+    ("ssm scan (numba)", ("NumbaScan",)),
+    ("conv + silu (numba)", ("_ConvSilu",)),
+    ("quantizers, activation, combine (numba)", ("_InputQ", "_WeightQ", "_GatedActQuant",
+                                                 "Int8MatmulSTE", "_Combine")),
+    ("softmax / CE over the vocabulary", ("aten::_log_softmax", "aten::nll_loss")),
+)
+
+
+def profile_steps(run, rows, first_step: int, n: int) -> dict:
+    """Self CPU ms per step by category over ``n`` steps (torch.profiler), the optimizer's
+    total (its ops are also counted in their categories) and the wall ms per profiled step
+    (the profiler's own overhead included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tern.train import loop
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(first_step, first_step + n):
+            loop._optimizer_step(run, step, rows)
+    wall = (time.perf_counter() - t0) / n * 1e3
+    cats: dict[str, float] = {}
+    opt = 0.0
+    for e in prof.key_averages():
+        if e.key.startswith("Optimizer."):
+            opt += e.cpu_time_total
+            continue
+        c = next((c for c, pre in PROFILE_CATEGORIES if e.key.startswith(pre)), "other torch ops")
+        cats[c] = cats.get(c, 0.0) + e.self_cpu_time_total
+    out = {c: v / n / 1e3 for c, v in sorted(cats.items(), key=lambda kv: -kv[1])}
+    return {"self_ms_per_step": out, "optimizer_total_ms": opt / n / 1e3,
+            "profiled_wall_ms": wall, "steps": n}
+
+
+def use_reference_paths(run) -> None:
+    """The step as before the fused CPU paths: foreach AdamW, masked-softmax attention and
+    eval's fp32 integer products (module docstring)."""
+    import torch
+
+    from tern.train.environment import param_groups
+    from tern.train.model import ternary
+    from tern.train.model.attention import SlidingWindowAttention
+
+    tc = run.tc
+    run.opt = torch.optim.AdamW(param_groups(run.model, tc.weight_decay), lr=tc.lr,
+                                betas=(tc.beta1, tc.beta2))
+    for m in run.model.modules():
+        if isinstance(m, SlidingWindowAttention):
+            m.fused = False
+    ternary._eval_int_product = lambda q, wt: None  # this process measures one variant
+
+
 def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup: int,
-            eval_full: bool, eval_batch: int | None) -> dict:
+            eval_full: bool, eval_batch: int | None, backward: str | None = None,
+            profile: int = 0, paths: str = "fast") -> dict:
     import torch
 
     from tern.core.records import run_metadata, summarize
     from tern.decide.harness import default_make_train
     from tern.decide.spec import load_gate
     from tern.train import loop
-    from tern.train.environment import cpu_training_mode
+    from tern.train.environment import cpu_training_mode, resolve_cpu_backward
 
     torch.set_num_threads(threads)
     import numba
@@ -49,11 +113,15 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
         mc, tc = spec.teacher_model_config(t), default_make_train()(spec.teacher_train_overrides(t))
     else:
         mc, tc = spec.model_config(arm), default_make_train()(spec.train_overrides(arm, 0))
+    if backward is not None:
+        tc = tc.replace(cpu_backward=backward)
     if not arm.startswith("teacher:") and spec.arms[arm].distill:
         return measure_distill(spec, arm, mc, tc, threads, steps, warmup)
     dev = torch.device("cpu")
     with cpu_training_mode(tc, dev):
         run = loop._build_run(mc, tc, None, None, 0, 1, dev)
+        if paths == "reference":
+            use_reference_paths(run)
         for layer in run.model.layers:
             if layer.ffn is not None and hasattr(layer.ffn, "dispatch"):
                 layer.ffn.dispatch = dispatch
@@ -65,6 +133,7 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
             loop._optimizer_step(run, step, rows)
             times.append(time.perf_counter() - t0)
         times = times[warmup:]
+        prof = profile_steps(run, rows, warmup + steps, profile) if profile else None
         eval_s = None
         if eval_full:
             run.model.reset_stats()
@@ -76,10 +145,10 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
     tokens = tc.batch_size * tc.seq_len
     return {"record": "train_speed", "gate": spec.name, "arm": arm, "model_config": mc.to_dict(),
             "batch_size": tc.batch_size, "seq_len": tc.seq_len, "dispatch": dispatch,
-            "threads": threads, "steps_timed": steps, "warmup_steps": warmup,
-            "step_s": s, "tokens_per_s": tokens / s["median"], "eval_s": eval_s,
-            "eval_bpb": ev.get("bpb") if eval_full else None,
-            "eval_batch": eval_batch, **run_metadata(threads)}
+            "cpu_backward": resolve_cpu_backward(tc), "paths": paths, "threads": threads, "steps_timed": steps,
+            "warmup_steps": warmup, "step_s": s, "tokens_per_s": tokens / s["median"],
+            "eval_s": eval_s, "eval_bpb": ev.get("bpb") if eval_full else None,
+            "eval_batch": eval_batch, "profile_ms": prof, **run_metadata(threads)}
 
 
 def measure_distill(spec, arm: str, mc, tc, threads: int, steps: int, warmup: int) -> dict:
@@ -91,6 +160,7 @@ def measure_distill(spec, arm: str, mc, tc, threads: int, steps: int, warmup: in
     from tern.core.records import run_metadata
     from tern.decide.harness import default_make_train
     from tern.train.distill import run_distill
+    from tern.train.environment import resolve_cpu_backward
     from tern.train.loop import run_training
 
     d = spec.arms[arm].distill
@@ -104,6 +174,7 @@ def measure_distill(spec, arm: str, mc, tc, threads: int, steps: int, warmup: in
         wall = time.perf_counter() - t0
     return {"record": "train_speed", "gate": spec.name, "arm": arm, "model_config": mc.to_dict(),
             "batch_size": tc.batch_size, "seq_len": tc.seq_len, "distill": d, "dispatch": "auto",
+            "cpu_backward": resolve_cpu_backward(tc), "paths": "fast",
             "threads": threads, "steps_timed": warmup + steps, "warmup_steps": 0,
             "step_s": {"median": r["train_s"] / (warmup + steps), "min": None, "max": None,
                        "repeats": 1, "note": "mean over the run's steps"},
@@ -122,34 +193,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--eval", action="store_true", help="also time validation on the full split")
     p.add_argument("--eval-batch", type=int, default=None)
+    p.add_argument("--backward", nargs="+", default=[None],
+                   help="TrainConfig.cpu_backward values (default: the config's)")
+    p.add_argument("--paths", nargs="+", default=["fast"], choices=["fast", "reference"],
+                   help="fast: the step as trained; reference: without the fused CPU paths")
+    p.add_argument("--profile", type=int, default=0, help="profile this many more steps")
+    p.add_argument("--code", default=None, help="a tag stored in every row (e.g. before / after)")
+    p.add_argument("--code-note", default=None, help="what the tag means, stored in every row")
     p.add_argument("--out", default=None, help="append rows to this JSONL")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child measurement
     a = p.parse_args(argv)
     rows = []
-    for arm in a.arms:
-        for d in a.dispatch:
-            for t in a.threads:
-                if a.one or a.concurrent == 1:
-                    got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch)]
-                else:
-                    cmd = [sys.executable, __file__, "--gate", a.gate, "--arms", arm, "--dispatch", d,
-                           "--threads", str(t), "--steps", str(a.steps), "--warmup", str(a.warmup), "--one"]
-                    cmd += ["--eval"] if a.eval else []
-                    cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
-                    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-                             for _ in range(a.concurrent)]
-                    got = [json.loads(pr.communicate()[0].strip().splitlines()[-1]) for pr in procs]
-                for r in got:
-                    r["concurrent"] = a.concurrent
-                    rows.append(r)
-                    if a.one:
-                        print(json.dumps(r))
-                    else:
-                        ev = f", validation {r['eval_s']:.1f} s" if r["eval_s"] else ""
-                        print(f"{r['gate']} {arm:>6} dispatch {d:<7} threads {t} concurrent "
-                              f"{a.concurrent}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
-                              f"(min {(r['step_s']['min'] or 0) * 1e3:.1f}, max {(r['step_s']['max'] or 0) * 1e3:.1f}) "
-                              f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
+    for arm, d, t, pa, bw in itertools.product(a.arms, a.dispatch, a.threads, a.paths, a.backward):
+        if a.one:
+            got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch, bw, a.profile, pa)]
+        else:
+            cmd = [sys.executable, __file__, "--gate", a.gate, "--arms", arm, "--dispatch", d,
+                   "--threads", str(t), "--steps", str(a.steps), "--warmup", str(a.warmup),
+                   "--paths", pa, "--profile", str(a.profile), "--one"]
+            cmd += ["--backward", bw] if bw else []
+            cmd += ["--eval"] if a.eval else []
+            cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
+            # every measurement in fresh processes ("reference" patches module state)
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(a.concurrent)]
+            got = [json.loads(pr.communicate()[0].strip().splitlines()[-1]) for pr in procs]
+        for r in got:
+            r["concurrent"] = a.concurrent
+            r["code"], r["code_note"] = a.code, a.code_note
+            rows.append(r)
+            if a.one:
+                print(json.dumps(r))
+                continue
+            ev = f", validation {r['eval_s']:.1f} s" if r["eval_s"] else ""
+            print(f"{r['gate']} {arm:>6} dispatch {d:<7} paths {pa:<9} backward {r['cpu_backward']} threads {t} concurrent "
+                  f"{a.concurrent}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
+                  f"(min {(r['step_s']['min'] or 0) * 1e3:.1f}, max {(r['step_s']['max'] or 0) * 1e3:.1f}) "
+                  f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
+            for c, v in ((r.get("profile_ms") or {}).get("self_ms_per_step") or {}).items():
+                print(f"    {c:<42} {v:7.1f} ms/step (self CPU)")
     if a.out and not a.one:
         from tern.core.records import append_jsonl
 

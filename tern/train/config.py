@@ -11,6 +11,7 @@ from typing import Any
 SCHEDULES = ("cosine", "two_stage", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_MATMULS = ("int8", "fp32")  # BitLinear forward products in CPU training (tern.train.model.ternary)
+CPU_BACKWARDS = ("auto", "fp32", "bf16")  # BitLinear backward products in CPU training (int8 mode)
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,13 @@ class TrainConfig:
     ``cpu_matmul`` (CPU float32 training): "int8" computes BitLinear forward products
     exactly from the int8 codes (``torch._int_mm``), "fp32" multiplies the dequantized
     operands in fp32; both have the same fp32 straight-through backward
-    (``tern.train.model.ternary``).
+    (``tern.train.model.ternary``). ``cpu_backward`` (int8 mode only): "fp32" or "bf16":
+    the two backward products of a 2-D BitLinear take the exact ternary / int8 codes in
+    bf16 and the upstream gradient times the row scales rounded to bf16 (fp32
+    accumulation, the product rounded to bf16): gradients within bf16 rounding
+    (tern.train.model.quant_numba.Int8MatmulSTE); "auto" (default): "bf16" where the CPU
+    has AVX512-BF16, else "fp32" (tern.train.environment.resolve_cpu_backward; gate-scale
+    A/B and quality in gates/v2/README.md).
     """
 
     steps: int = 0
@@ -64,6 +71,7 @@ class TrainConfig:
     ckpt_every: int = 0  # steps between checkpoints (0: only at the end)
     scan_impl: str = "auto"  # "auto" | "numba" | "torch"
     cpu_matmul: str = "int8"  # "int8" | "fp32"
+    cpu_backward: str = "auto"  # "auto" | "fp32" | "bf16"
 
     def __post_init__(self) -> None:
         errors = []
@@ -92,6 +100,7 @@ class TrainConfig:
         check("device", self.device in DEVICES, f"one of {DEVICES}")
         check("scan_impl", self.scan_impl in ("auto", "numba", "torch"), "'auto', 'numba' or 'torch'")
         check("cpu_matmul", self.cpu_matmul in CPU_MATMULS, f"one of {CPU_MATMULS}")
+        check("cpu_backward", self.cpu_backward in CPU_BACKWARDS, f"one of {CPU_BACKWARDS}")
         check("tokenizer", isinstance(self.tokenizer, str) and self.tokenizer, "a tokenizer name")
         for n in ("amp", "compile"):
             check(n, isinstance(getattr(self, n), bool), "a bool")

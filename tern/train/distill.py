@@ -270,7 +270,7 @@ def train_with_extra_loss(model_cfg, train_cfg, data, extra, alpha: float, *, te
     """run_training's single-process loop with loss = (1 − α)·CE + α·extra(x, logits) +
     the MoE balance / z losses. ``teacher`` (a module) is moved to the training device."""
     from tern.train.config import schedule
-    from tern.train.environment import cpu_training_mode, param_groups, training_device
+    from tern.train.environment import cpu_training_mode, make_optimizer, training_device
     from tern.train.loop import _evaluate
     from tern.train.model.lm import build_model
 
@@ -290,8 +290,7 @@ def train_with_extra_loss(model_cfg, train_cfg, data, extra, alpha: float, *, te
                 layer.mixer.scan_impl = tc.scan_impl
         if teacher is not None:
             teacher.to(dev).eval()
-        opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr,
-                                betas=(tc.beta1, tc.beta2), fused=dev.type == "cuda" or None)
+        opt = make_optimizer(model, tc, dev)
         model.train()
         window = max(1, min(50, tc.steps // 10))
         losses: deque[float] = deque(maxlen=window)

@@ -54,12 +54,29 @@ def param_groups(model: torch.nn.Module, wd: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0, "decays": False}]
 
 
-@contextlib.contextmanager
+def make_optimizer(model: torch.nn.Module, tc: TrainConfig, dev: torch.device) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`, the fused single-kernel form on CPU and CUDA: the
+    same update as the default (foreach) form up to fp32 rounding
+    (tests/train/test_fast_paths.py); its share of a step: benchmarks/gate_train_speed.py
+    ``--profile``."""
+    return torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=(tc.beta1, tc.beta2),
+                             fused=dev.type in ("cpu", "cuda") or None)
 
+
+def resolve_cpu_backward(tc: TrainConfig) -> str:
+    """``tc.cpu_backward`` with "auto" resolved: "bf16" where torch reports AVX512-BF16 on
+    this CPU (bf16 products run natively there), "fp32" elsewhere."""
+    if tc.cpu_backward != "auto":
+        return tc.cpu_backward
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return "bf16" if probe is not None and probe() else "fp32"
+
+
+@contextlib.contextmanager
 def cpu_training_mode(tc: TrainConfig, dev: torch.device):
     """On CPU: deterministic algorithms, without the NaN fill of every fresh tensor that
     torch adds in that mode (~2 % of a sandbox step; every kernel here writes all of its
-    outputs), and BitLinear forwards in ``tc.cpu_matmul``. All restored on exit."""
+    outputs), and BitLinear products in ``tc.cpu_matmul`` / ``tc.cpu_backward``. All restored on exit."""
     from torch.utils import deterministic
 
     from tern.train.model.ternary import matmul_mode
@@ -70,7 +87,7 @@ def cpu_training_mode(tc: TrainConfig, dev: torch.device):
         torch.use_deterministic_algorithms(True)
         deterministic.fill_uninitialized_memory = False
     try:
-        with matmul_mode(tc.cpu_matmul):
+        with matmul_mode(tc.cpu_matmul, resolve_cpu_backward(tc)):
             yield
     finally:
         torch.use_deterministic_algorithms(det_before)

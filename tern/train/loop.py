@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tern.train.environment import amp_and_scaler, cpu_training_mode, dist_env, param_groups, training_device
+from tern.train.environment import (
+    amp_and_scaler,
+    cpu_training_mode,
+    dist_env,
+    make_optimizer,
+    resolve_cpu_backward,
+    training_device,
+)
 
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")  # before torch loads libgomp: see tern/model/__init__.py
 
@@ -177,8 +184,7 @@ def _build_run(mcfg, tc, out, data, rank, world, dev) -> _Run:
     for layer in model.layers:
         if hasattr(layer.mixer, "scan_impl"):
             layer.mixer.scan_impl = tc.scan_impl
-    opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr,
-                            betas=(tc.beta1, tc.beta2), fused=dev.type == "cuda" or None)
+    opt = make_optimizer(model, tc, dev)
     amp_dtype, scaler = amp_and_scaler(tc, dev)
     st = {"step": 0, "train_tokens": 0, "train_s": 0.0, "wall_s": 0.0, "loss_window": [],
           "evals": []}
@@ -371,6 +377,7 @@ def _finish(run: _Run, step: int, losses: deque, last_ckpt: Path | None, t_start
         "train_s": st["train_s"], "final_loss": float(np.mean(losses)) if losses else None,
         "evals": st["evals"], "checkpoint": str(last_ckpt) if last_ckpt else None,
         "device": str(run.dev), "world_size": run.world, "counts": run.counts,
+        "cpu_backward": resolve_cpu_backward(tc) if run.dev.type == "cpu" else None,
     }
     if finished:
         run.model.reset_stats()

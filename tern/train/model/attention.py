@@ -1,7 +1,8 @@
 """Sliding-window causal attention without positional encoding (docs/MODEL.md).
 
 Position t attends to positions max(0, t - W + 1) .. t; scores q.k / sqrt(head_dim),
-softmax in fp32. Decode keeps a ring buffer of the last W keys and values
+softmax in fp32 (torch's fused causal attention when the window covers the sequence:
+equal to the masked form up to fp32 rounding). Decode keeps a ring buffer of the last W keys and values
 (state {"k": (B, W, H, hd), "v": (B, W, H, hd), "pos": int}).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tern.core.config import ModelConfig
@@ -32,6 +34,9 @@ class SlidingWindowAttention(nn.Module):
         tern = is_ternary(cfg.mixer_format)
         self.qkv = BitLinear(D, 3 * D, cfg.norm_eps, ternary=tern)
         self.out_proj = BitLinear(D, D, cfg.norm_eps, init_std=out_std, ternary=tern)
+        # fused causal attention (torch's SDPA kernel) when the window covers the whole
+        # sequence; False: always the explicit masked softmax (the reference form)
+        self.fused = True
 
     def _attend(self, q, k, v, mask):
         # q (B, H, Tq, hd), k/v (B, H, Tk, hd), mask (Tq, Tk) or (B, 1, 1, Tk) bool
@@ -55,8 +60,12 @@ class SlidingWindowAttention(nn.Module):
             k, v = torch.cat([kc, k], 1), torch.cat([vc, v], 1)
         else:
             n_old = 0
-        mask = window_mask(nt, n_old + nt, W, offset=n_old, device=x.device)
-        o = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+        if n_old == 0 and W >= nt and self.fused:  # the window holds the whole context: causal
+            qf, kf, vf = (t.transpose(1, 2).float() for t in (q, k, v))  # (B, H, T, hd)
+            o = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True).to(v.dtype)
+        else:
+            mask = window_mask(nt, n_old + nt, W, offset=n_old, device=x.device)
+            o = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         out = self.out_proj(o.transpose(1, 2).reshape(nb, nt, D))
         return out, (self._state_from(k.detach(), v.detach(), pos0 + nt) if need_state else None)
 

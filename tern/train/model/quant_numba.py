@@ -154,23 +154,39 @@ class _InputQ(torch.autograd.Function):
 class Int8MatmulSTE(torch.autograd.Function):
     """y = (s * c) * (q @ Wt.T) from the int8 codes by an exact int32 product
     (``torch._int_mm``); the backward is the fp32 STE backward of the dequantized product
-    ``x @ w.T`` (x = q * c, w = Wt * s), so the latents get the same gradients."""
+    ``x @ w.T`` (x = q * c, w = Wt * s), so the latents get the same gradients.
+
+    With ``bf16`` the backward factors the scales out of the operands, whose codes are
+    exact in bf16 (|q| <= 127, Wt in {-1, 0, 1}): ``g_x = bf16(g * s.T) @ Wt``,
+    ``g_w = bf16(g * c).T @ q``, accumulated in fp32 by oneDNN (AVX512-BF16 where the CPU
+    has it) and returned in bf16: what changes is the rounding of ``g * s`` / ``g * c`` and
+    of the two products to 8 significant bits (relative 2**-9 each)."""
 
     @staticmethod
-    def forward(ctx, x, w, q, c, wt, s):  # noqa: D102
+    def forward(ctx, x, w, q, c, wt, s, bf16=False):  # noqa: D102
         # x, q: (n, in); c: (n, 1); w, wt: (out, in); s: (out, 1)
         acc = torch._int_mm(q, wt.t())  # (n, out) int32, exact while in * 127 < 2**31
         y = torch.empty(acc.shape, dtype=torch.float32)
         _scale_acc(acc.numpy(), c.reshape(-1).numpy(), s.reshape(-1).numpy(), y.numpy())
-        ctx.save_for_backward(x, w)
+        ctx.bf16 = bool(bf16)
+        ctx.save_for_backward(*((q, c, wt, s) if bf16 else (x, w)))
         return y
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
+        gx = gw = None
+        if ctx.bf16:
+            q, c, wt, s = ctx.saved_tensors
+            bf = torch.bfloat16
+            if ctx.needs_input_grad[0]:
+                gx = (g * s.reshape(1, -1)).to(bf).mm(wt.to(bf)).float()  # (n, in)
+            if ctx.needs_input_grad[1]:
+                gw = (g * c.reshape(-1, 1)).t().to(bf).mm(q.to(bf)).float()  # (out, in)
+            return gx, gw, None, None, None, None, None
         x, w = ctx.saved_tensors
         gx = g.mm(w) if ctx.needs_input_grad[0] else None  # (n, in): autograd's mm backward
         gw = x.t().mm(g).t() if ctx.needs_input_grad[1] else None  # (out, in)
-        return gx, gw, None, None, None, None
+        return gx, gw, None, None, None, None, None
 
 
 def usable(t: torch.Tensor) -> bool:

@@ -36,26 +36,31 @@ import torch
 from torch import nn
 
 from tern.core.formats import get_format
+from tern.train.config import CPU_BACKWARDS as BACKWARD_MODES
 from tern.train.config import CPU_MATMULS as MATMUL_MODES
 
 WEIGHT_SCALE_MIN = 1e-8
 ACT_SCALE_MIN = 1e-5
 QMAX = 127.0
-_mode = {"matmul": "int8"}
+_mode = {"matmul": "int8", "backward": "fp32"}
 
 
 @contextlib.contextmanager
-def matmul_mode(mode: str) -> Iterator[None]:
+def matmul_mode(mode: str, backward: str = "fp32") -> Iterator[None]:
     """Within the block, CPU training BitLinear forwards use ``mode`` ("int8": exact int8
-    product of the codes, the default; "fp32": dequantized fp32 product)."""
+    product of the codes, the default; "fp32": dequantized fp32 product) and, in mode
+    "int8", their backward products ``backward`` ("fp32", the default, or "bf16":
+    :class:`tern.train.model.quant_numba.Int8MatmulSTE`)."""
     if mode not in MATMUL_MODES:
         raise ValueError(f"matmul mode must be one of {MATMUL_MODES}, got {mode!r}")
-    before = _mode["matmul"]
-    _mode["matmul"] = mode
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f"backward mode must be one of {BACKWARD_MODES}, got {backward!r}")
+    before = dict(_mode)
+    _mode.update(matmul=mode, backward=backward)
     try:
         yield
     finally:
-        _mode["matmul"] = before
+        _mode.update(before)
 
 
 class Operand(NamedTuple):
@@ -198,15 +203,32 @@ def qmatmul(xin: Operand, win: Operand) -> torch.Tensor:
     if xq is not None and wq is not None and wq.dim() == 2 and _mode["matmul"] == "int8":
         from tern.train.model.quant_numba import Int8MatmulSTE
 
+        bf16 = _mode["backward"] == "bf16"
         if x.dim() == 2:
-            return Int8MatmulSTE.apply(x, w, xq, xc, wq, wc)  # (n, out)
+            return Int8MatmulSTE.apply(x, w, xq, xc, wq, wc, bf16)  # (n, out)
         lead, k = x.shape[:-1], x.shape[-1]
-        y = Int8MatmulSTE.apply(x.reshape(-1, k), w, xq.reshape(-1, k), xc.reshape(-1, 1), wq, wc)
+        y = Int8MatmulSTE.apply(x.reshape(-1, k), w, xq.reshape(-1, k), xc.reshape(-1, 1), wq, wc, bf16)
         return y.view(*lead, w.shape[0])  # (..., out)
-    acc = x @ w.transpose(-1, -2)  # (..., out)
+    acc = _eval_int_product(x, w) if a is not None else None
+    if acc is None:
+        acc = x @ w.transpose(-1, -2)  # (..., out)
     if a is None:
         return acc
     return s.squeeze(-1).unsqueeze(-2) * (a / QMAX) * acc  # (..., 1, out) * (..., n, 1) * acc
+
+
+def _eval_int_product(q: torch.Tensor, wt: torch.Tensor) -> torch.Tensor | None:
+    """Eval's integer dot products q (..., n, in) @ Wt (out, in).T (integer codes held as
+    float) by ``torch._int_mm`` (int8 x int8 -> int32, VNNI) on CPU: the same integers as
+    the fp32 product (exact while in * 127 < 2**24), so the result is bit-identical to it.
+    None where it does not apply (a batched weight, not CPU, small or odd
+    shapes, under autograd): the caller multiplies in fp32."""
+    k = q.shape[-1]
+    if (wt.dim() != 2 or q.device.type != "cpu" or torch.is_grad_enabled() or k * 127 >= 2**24
+            or q.dtype != torch.float32 or q.numel() // k <= 16 or k % 8 or wt.shape[0] % 8):
+        return None
+    acc = torch._int_mm(q.reshape(-1, k).to(torch.int8), wt.to(torch.int8).t())  # (n, out) int32
+    return acc.to(torch.float32).view(*q.shape[:-1], wt.shape[0])
 
 
 def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool,
