@@ -77,6 +77,7 @@ def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | 
     os.replace(tmp, folder / "sweep.jsonl")
     meta = run_metadata(1)
     meta.update({"label": label, "cpu": prof.host.get("cpu_model") or meta.get("cpu"), "note": note,
+                 **{k: prof.host.get(k) for k in ("cpu_family", "cpu_model_number", "cpu_stepping")},
                  "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
                  "numba_cpu_features": os.environ.get("NUMBA_CPU_FEATURES", ""), "points": len(kept)})
     atomic_write_json(folder / "host.json", meta)

@@ -114,8 +114,9 @@ def _available_ram_bytes() -> int:
 
 
 def cpu_facts() -> dict[str, Any]:
-    """Model name, vendor, architecture and ISA flags from py-cpuinfo (its cache fields
-    are ignored: see tern.core.host_caches)."""
+    """Model name, vendor, family / model / stepping numbers, architecture and ISA flags
+    from py-cpuinfo (its cache fields are ignored: see tern.core.host_caches). The numbers
+    tell apart hosts that a VM names alike ("AMD EPYC": family 25 is Zen 3/4, 26 Zen 5)."""
     import cpuinfo
 
     info = cpuinfo.get_cpu_info()
@@ -123,6 +124,9 @@ def cpu_facts() -> dict[str, Any]:
     return {
         "cpu_model": info.get("brand_raw") or platform.processor() or platform.machine(),
         "cpu_vendor": info.get("vendor_id_raw", ""),
+        "cpu_family": info.get("family"),
+        "cpu_model_number": info.get("model"),
+        "cpu_stepping": info.get("stepping"),
         "arch": info.get("arch", platform.machine()),
         "isa": {f: f in flags for f in ISA_FLAGS},
         "cpu_flags": flags,

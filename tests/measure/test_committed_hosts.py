@@ -30,16 +30,17 @@ SLACK = 0.02  # a floor may move this much with float noise of a refactor, no mo
 # their sweep points when committed (share within +-20 %, median |error|): the target test
 # is a strict xfail there (it fails as soon as the model meets the targets: then remove
 # the entry), and no change may make them worse than these figures.
-KNOWN_MISSES: dict[str, tuple[float, float, str]] = {}
+KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
+    "amd-epyc-zen5": (0.90, 0.0696, "Zen 5 native: the 2-thread expert-parallel 30m-e64 top-k >= 2 points "
+                      "decode 1.19-1.24x faster than the two-shape curves price their 4096 x 512 experts"),
+}
 # Named models (105m, 206m, the 10B pick) off by more than 15 %: (label, name, threads) ->
 # the |measured / predicted - 1| when committed.
 NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # the 10B picks committed before the two-size kernel curves (DRAM-bound, 24 layers of
     # 8 / 4 experts of 512 x 1024): the engine streams their small experts slower than the
     # one-size curves say (measured 81 / 109 tok/s, predicted 101 / 148 on the native host)
-    ("amd-epyc-zen5", "d1024-L24-E256k8-h512", 1): 0.200,
-    ("amd-epyc-zen5", "d1024-L24-E256k8-h512", 2): 0.262,
-    ("amd-epyc-zen5-avx2", "d1024-L24-E256k4-h512", 2): 0.190,
+    ("amd-epyc-zen4-avx2", "d1024-L24-E256k4-h512", 2): 0.190,
 }
 
 
@@ -94,6 +95,11 @@ NAMED = _named_points()
     ids=[f"{lab}-{p['name']}-t{p['threads']}" for lab, p in NAMED])
 def test_named_models_within_15_percent(label, point):
     assert abs(point["ratio"] - 1) <= NAMED_WITHIN, (label, point["name"], point["threads"], point["ratio"])
+
+
+def test_every_named_miss_is_a_committed_point():
+    # a host re-measured (or relabelled) leaves no stale entry behind
+    assert set(NAMED_MISSES) <= {(lab, p["name"], p["threads"]) for lab, p in NAMED}
 
 
 def test_named_misses_do_not_get_worse():

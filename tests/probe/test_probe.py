@@ -558,3 +558,17 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     assert dram["points"] == 0 and dram["gbps"] is None and dram["gbps_min"] is None  # 64 KiB sweep
     assert res["cache_source"] == "/sys" and res["kernels"]
     assert main(["probe", "--kernels", "scale", "--out", str(out)]) == 2
+
+
+def test_cpu_facts_tell_apart_hosts_of_one_brand_string(monkeypatch):
+    # a VM may name a Zen 4 and a Zen 5 both "AMD EPYC": the family / model numbers differ
+    import cpuinfo
+
+    fake = {"brand_raw": "AMD EPYC", "vendor_id_raw": "AuthenticAMD", "arch": "X86_64",
+            "flags": ["avx2", "avx512f"], "family": 26, "model": 2, "stepping": 1}
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: fake)
+    facts = probe.cpu_facts()
+    assert (facts["cpu_family"], facts["cpu_model_number"], facts["cpu_stepping"]) == (26, 2, 1)
+    assert facts["cpu_model"] == "AMD EPYC" and facts["isa"]["avx2"] and not facts["isa"]["fma"]
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: {"flags": []})  # a CPU py-cpuinfo cannot read
+    assert probe.cpu_facts()["cpu_family"] is None
