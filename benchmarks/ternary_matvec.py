@@ -15,6 +15,11 @@ second, 1e9 bytes). Sections:
   matrix) at several fractions of nonzero inputs, ops counted dense-equivalent;
 * ``dram``: the stored-layout kernels on a >= 256 MiB packed matrix next to the probe's
   read-bandwidth kernel at the same working set (``pct_of_read_gbps``);
+* ``b3`` (``--b3``, run alone): the base-3 kernel (tern.kernels.kernels_b3, 1.6 bits per
+  weight, read as stored; the activation permutation it needs is timed inside every call)
+  against the ternary2 kernels on the same matrix expanded to 2 bits, on (4096, 14336)
+  (cache-resident) and a DRAM matrix of >= ``--dram-bytes`` ternary2 bytes, with the
+  effective weights per second (``gweights_per_s``) that decide which is faster;
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
   DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on).
@@ -29,10 +34,12 @@ import math
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 from tqdm.auto import tqdm
 
 from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.kernels import kernels_b3 as kb
 from tern.kernels import kernels_ternary as kt
 from tern.kernels.packing import random_ternary2
 from tern.kernels.simd import HAS_VBMI, ROW_DOT_ISA
@@ -47,6 +54,8 @@ SKIP_SHAPE = (4096, 14336)  # (D outputs, H inputs) of a down projection
 SKIP_NONZERO = (1.0, 0.5, 0.25, 0.1)
 DRAM_MIN_BYTES = 256 * 2**20
 BASELINES = ("fp32_matvec", "int8_matvec")
+B3_SHAPES = ((4096, 14336),)  # + the DRAM shape b3_dram_shape(--dram-bytes)
+B3_KERNELS = ("ternary2", "ternary2_stream", "b3")
 ROW_LENGTH_BYTES = (128, 256, 320, 512, 640, 1024, 2560, 4096, 6144, 8192)  # packed bytes per row, rowlen section
 
 
@@ -94,6 +103,98 @@ def measure_skip(nonzero: float, threads: int, timing: TimingConfig, seed: int =
             "nonzero_frac": float(np.count_nonzero(xq) / h), **res}
 
 
+@numba.njit(parallel=True, cache=True)
+def _expand_b3(b3, cols, out):
+    """b3 (rows, ceil(cols/5)) -> ternary2 (rows, cols/4) for cols a multiple of 256 (full
+    segments: column c in byte 64 (c // 256) + c % 64, bits 2 ((c % 256) // 64))."""
+    for r in numba.prange(b3.shape[0]):
+        for j in range(out.shape[1]):
+            out[r, j] = 0
+        for c in range(cols):
+            v = np.int32(b3[r, c // 5])
+            for _ in range(c % 5):
+                v //= 3
+            out[r, 64 * (c // 256) + c % 64] |= np.uint8((v % 3) << (2 * ((c % 256) // 64)))
+
+
+def b3_matrices(rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A random b3 matrix (every byte 0..242) and the same trits in the ternary2 layout."""
+    if cols % 256:
+        raise ValueError(f"b3 section: cols must be a multiple of 256, got {cols}")
+    rng = np.random.default_rng(seed)
+    b3 = np.empty((rows, (cols + 4) // 5), np.uint8)
+    for r0 in range(0, rows, 4096):
+        b3[r0:r0 + 4096] = rng.integers(0, 243, size=b3[r0:r0 + 4096].shape, dtype=np.uint8)
+    if cols % 5:  # padding trits: code 1 (what pack_ternary_b3 writes)
+        last = b3[:, -1].astype(np.int32)
+        keep = 3 ** (cols % 5)
+        b3[:, -1] = (last % keep + sum(3**k for k in range(cols % 5, 5))).astype(np.uint8)
+    t2 = np.empty((rows, cols // 4), np.uint8)
+    _expand_b3(b3, cols, t2)
+    return b3, t2
+
+
+def measure_b3(kernel: str, b3: np.ndarray, t2: np.ndarray, cols: int, threads: int, timing: TimingConfig,
+               seed: int = 0) -> dict:
+    """One b3-section row: ``kernel`` ("ternary2", "ternary2_stream" or "b3") on the matrix."""
+    rows = b3.shape[0]
+    rng = np.random.default_rng(seed)
+    rs = rng.random(rows, dtype=np.float32) + np.float32(0.5)
+    xq = rng.integers(-127, 128, size=cols, dtype=np.int8)
+    xs = np.float32(0.01)
+    out = np.empty(rows, dtype=np.float32)
+    par = threads > 1
+    if kernel == "b3":
+        xp = np.empty(kb.b3_act_len(cols), np.int8)
+        fn = kb.b3_matvec_xp_par if par else kb.b3_matvec_xp
+
+        def call():
+            kb.b3_permute(xq, xp)  # once per activation in the engine: counted here
+            fn(b3, rs, xp, xs, out)
+        weight_bytes = b3.nbytes
+    else:
+        fn = {("ternary2", False): kt.ternary_matvec, ("ternary2", True): kt.ternary_matvec_par,
+              ("ternary2_stream", False): kt.ternary_matvec_stream,
+              ("ternary2_stream", True): kt.ternary_matvec_stream_par}[(kernel, par)]
+
+        def call():
+            fn(t2, rs, xq, xs, out)
+        weight_bytes = t2.nbytes
+    with numba_threads(threads):
+        res = _time_call(call, weight_bytes, 2 * rows * cols, timing)
+    res["gweights_per_s"] = {k: (v / 2 if k in ("median", "min", "max", "iqr") else v)
+                             for k, v in res["gops_per_s"].items()}
+    return {"section": "b3", "kernel": kernel, "rows": rows, "cols": cols, **res}
+
+
+def b3_dram_shape(min_bytes: int) -> tuple[int, int]:
+    """(rows, 14336) whose ternary2 payload is at least ``min_bytes`` (b3: 0.8 of it)."""
+    return 16 * math.ceil(min_bytes / (14336 // 4) / 16), 14336
+
+
+def run_b3(args: argparse.Namespace, threads: list[int], timing: TimingConfig, meta: dict) -> list[dict]:
+    rows_out = []
+    ref = None
+    for r, c in (*B3_SHAPES, b3_dram_shape(args.dram_bytes)):
+        b3, t2 = b3_matrices(r, c)
+        rs = np.ones(r, np.float32)
+        xq = np.random.default_rng(1).integers(-127, 128, size=c, dtype=np.int8)
+        ref, got = np.empty(r, np.float32), np.empty(r, np.float32)
+        kt.ternary_matvec(t2, rs, xq, np.float32(1), ref)
+        kb.b3_matvec(b3, rs, xq, np.float32(1), got)
+        if not np.array_equal(ref, got):
+            raise AssertionError("b3 and ternary2 kernels disagree")
+        for t in threads:
+            for k in B3_KERNELS:
+                row = {**run_metadata(t), **meta, **measure_b3(k, b3, t2, c, t, timing),
+                       "b3_decode": kb.DECODE, "working_set_bytes": int(b3.nbytes if k == "b3" else t2.nbytes)}
+                rows_out.append(row)
+                if args.out:
+                    append_jsonl(args.out, row)
+        del b3, t2
+    return rows_out
+
+
 def dram_shape(min_bytes: int) -> tuple[int, int]:
     """A square-ish (rows, cols) whose ternary2 payload is at least ``min_bytes``."""
     side = 256 * math.ceil(math.sqrt(4 * min_bytes) / 256)
@@ -121,6 +222,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                      if k in variants]
     meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "bench": "ternary_matvec",
             "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
+    if args.b3:  # this section alone
+        return run_b3(args, threads, timing, meta)
     rows_out: list[dict] = []
     buffers = None
     read_gbps: dict[int, float] = {}
@@ -159,6 +262,8 @@ def render(rows: list[dict]) -> str:
             note = f"nonzero {r['nonzero_frac']:.2f} (ops dense-equivalent)"
         if "pct_of_read_gbps" in r:
             note = f"{r['pct_of_read_gbps']:.0f}% of read bandwidth ({r['threads']} thr)"
+        if "gweights_per_s" in r:
+            note = f"{r['gweights_per_s']['median']:.1f} Gweights/s"
         if r["kernel"] == "read_bandwidth":
             note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
         lines.append(f"{r['section']:8s} {r['kernel']:16s} {r['rows']:>6d}x{r['cols']:<6d} {r['threads']:>3d} "
@@ -181,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated packed row lengths (bytes) of the rowlen section")
     p.add_argument("--row-length", action="store_true",
                    help="run only the rowlen section: DRAM GB/s of the 4-row and one-row passes against row length")
+    p.add_argument("--b3", action="store_true",
+                   help="run only the b3 section: the base-3 kernel against ternary2, in cache and from DRAM")
     args = p.parse_args(argv)
     args.repeats = args.repeats or 5
     args.min_time_s = args.min_time_s or (0.02 if args.quick else 0.1)

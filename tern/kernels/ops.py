@@ -23,6 +23,7 @@ import numpy as np
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
+from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
     FASTMATH,
@@ -73,7 +74,12 @@ G_THREADS, G_TOPK_MAX = 24, 25  # threads (expert-parallel scratch slots), large
 # row 0 for everything, row 1 (routed_globals) the same with the routed experts' threshold.
 G_STREAM_RB, G_STREAM_RB_MAX = 26, 27
 G_ROUTER_KIND = 28
-N_GLOBALS = 29
+# G_B3 1: every row-oriented ternary matrix is in the base-3 layout (5 weights per byte,
+# tern.kernels.kernels_b3; quant then also writes the permuted activations those kernels
+# read into the xd scratch); 0: ternary2 (the engine's b3 option, tern.run.engine)
+G_B3 = 29
+N_GLOBALS = 30
+B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
@@ -87,9 +93,11 @@ ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
 @numba.njit(cache=True, inline="always")
 def mat_bytes(G, rows, cols):
-    """Bytes of one (rows, cols) matrix in the engine's kernel format (fp32 or ternary2)."""
+    """Bytes of one (rows, cols) matrix in the engine's kernel format (fp32, ternary2 or b3)."""
     if G[G_KERNEL] == KERNEL_FP32:
         return rows * cols * 4
+    if G[G_B3]:
+        return rows * ((cols + 4) // 5)
     return rows * ((cols + 3) // 4)
 
 
@@ -103,7 +111,7 @@ def base_work_sizes(G):
     D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
     H, E, W = G[G_HMAX], G[G_EMAX], G[G_WIN]
     wide = max(D, max(Di, H))
-    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H, wide + H
+    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H + 2 * B3_PAD, wide + H
 
 
 def work_sizes(G: np.ndarray) -> tuple[int, int]:
@@ -112,7 +120,7 @@ def work_sizes(G: np.ndarray) -> tuple[int, int]:
     D, H = int(G[G_D]), int(G[G_HMAX])
     P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
     if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq
-        nf += K * D + 3 * P * H
+        nf += K * D + 3 * P * H + P * B3_PAD
         ni += P * H
     return nf, ni
 
@@ -153,9 +161,9 @@ def carve(work, G):
     o += E
     wk = work[o:o + E]
     o += E
-    xd = work[o:o + wide]
-    o += wide
-    hd = work[o:o + H]
+    xd = work[o:o + wide + B3_PAD]
+    o += wide + B3_PAD
+    hd = work[o:o + H + B3_PAD]
     return x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd
 
 
@@ -171,7 +179,7 @@ def carve_experts(work, iwork, G):
     o += P * H
     us = work[o:o + P * H].reshape(P, H)
     o += P * H
-    hds = work[o:o + P * H].reshape(P, H)
+    hds = work[o:o + P * (H + B3_PAD)].reshape(P, H + B3_PAD)
     hqs = iwork[oi:oi + P * H].reshape(P, H)
     return eo_all, gs, us, hds, hqs
 
@@ -242,17 +250,36 @@ def rmsnorm(x, g, eps, out):
         out[i] = np.float32(x[i] / rms) * g[i]
 
 
+@numba.njit(cache=True, inline="always")
+def b3_act_len(cols):
+    """kernels_b3.b3_act_len: 320 permuted activations per 64 packed bytes of a row."""
+    return 320 * ((((cols + 4) // 5) + 63) // 64)
+
+
 @numba.njit(cache=True)
 def quant(G, x, xq, xd, eps):
-    """BitLinear activation quantization of ``x`` into ``xq``; returns the scale. In the fp32
-    rung also writes the dequantized activation ``xd = xq * scale`` (what a dense fp32
-    matvec multiplies)."""
+    """BitLinear activation quantization of ``x`` into ``xq``; returns the scale. Also writes
+    what the matrix kernel multiplies into ``xd``: in the fp32 rung the dequantized activation
+    ``xd = xq * scale``, with b3 matrices (G_B3) the permuted activations of
+    tern.kernels.kernels_b3.b3_permute in xd's bytes."""
     n = x.shape[0]
     xs = quantize_act(x, xq[:n], eps)
     if G[G_KERNEL] == KERNEL_FP32:
         for i in range(n):
             xd[i] = np.float32(xq[i]) * xs
+    elif G[G_B3]:
+        xp = xd.view(np.int8)
+        b3_permute(xq[:n], xp[:b3_act_len(n)])
     return xs
+
+
+@numba.njit(cache=True)
+def quant_hidden(G, h, hq, hd, eps):
+    """quant for the hidden units of a gated MLP: the activation-skip down projection reads
+    hq as it is, so with b3 matrices (G_B3) the permuted copy is not written then."""
+    if G[G_B3] and G[G_ACT_SKIP]:
+        return quantize_act(h, hq[:h.shape[0]], eps)
+    return quant(G, h, hq, hd, eps)
 
 
 # ---- matrices ------------------------------------------------------------------------------
@@ -274,14 +301,24 @@ def par(G, n_weights):
 
 @numba.njit(cache=True)
 def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
-    """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary kernel, or the
-    dequantized fp32 matrix times xd in the fp32 rung."""
+    """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary2 kernel, b3
+    kernel (G_B3: on the permuted activations quant wrote into xd), or the dequantized fp32
+    matrix times xd in the fp32 rung."""
     if G[G_KERNEL] == KERNEL_FP32:
         W = f32(buf, aux, w_addr, rows * cols).reshape(rows, cols)
         if par(G, rows * cols):
             matvec_fp32_parallel_nb(W, xd[:cols], out[:rows])
         else:
             matvec_fp32_nb(W, xd[:cols], out[:rows])
+        return
+    if G[G_B3]:  # base-3 rows and the activations quant permuted into xd (one pass order)
+        rb = (cols + 4) // 5
+        P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
+        xp = xd.view(np.int8)[:b3_act_len(cols)]
+        if par(G, rows * cols):
+            b3_matvec_xp_par(P, f32(buf, aux, s_addr, rows), xp, xs, out[:rows])
+        else:
+            b3_matvec_xp(P, f32(buf, aux, s_addr, rows), xp, xs, out[:rows])
         return
     rb = (cols + 3) // 4
     P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
@@ -337,7 +374,7 @@ def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, h
             g[j] = (r * r) * u[j]
         else:
             g[j] = silu(g[j]) * u[j]
-    hs = quant(G, g[:H], hq, hd, eps)
+    hs = quant_hidden(G, g[:H], hq, hd, eps)
     down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out)
 
 
@@ -615,5 +652,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 # ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
-_DEPS = ("kernels_ternary.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py")
+_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py")
 drop_stale_cache(__file__, _DEPS, token_step)

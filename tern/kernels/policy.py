@@ -68,3 +68,61 @@ def copy_weights(file_bytes: int, available_bytes: int | None) -> bool:
     """Does the engine's default (``weights="auto"``) read its weights from a huge-page copy?
     Yes when the memory available is known and the file fits in COPY_MAX_MEMORY_FRACTION of it."""
     return bool(available_bytes) and file_bytes <= COPY_MAX_MEMORY_FRACTION * available_bytes
+
+
+
+# Base-3 (ternary_b3) matrices: the engine's default (b3="auto") reads them as stored with
+# the b3 kernels (tern.kernels.kernels_b3: 1.6 bits per weight, about 1.3x the vector
+# instructions per weight of the ternary2 kernel to decode, and a 64-byte block per partial
+# row tail) where the model's weights cannot stay in the last-level cache AND every b3 row
+# is long, else expands them to ternary2 at load. Measured on AMD EPYC Zen 5 (2 cores;
+# benchmarks/ternary_matvec.py --b3, same-run, medians): in cache (4096 x 14336) the b3 kernel
+# runs at 0.69x / 0.63x the ternary2 kernel's weights per second at 1 / 2 threads; from DRAM
+# (74912 x 14336, 215 MB b3) at 2.1x / 2.3x (134 / 321 against 65 / 138 Gweights/s). With
+# 512-column rows (103 bytes) from DRAM the two are about even at 1 thread, and the DRAM-bound
+# MoE of benchmarks/dram_model.py (d_model 512) decoded 0.85x (1 thread) / 1.10x (2 threads)
+# with b3 direct, the 1.1B peers shape in b3 (d_model 2048, SiLU MLP 5632, fp16 head)
+# 1.34x / 1.19x: 48.7 -> 65.1 and 81.9 -> 97.7 tok/s (benchmarks/op_breakdown.py --compare
+# b3=expand b3=direct). Rows of 2048 columns or more are where it was measured to win.
+B3_DIRECT_MIN_COLS = 2048
+
+
+def b3_row_cols(cfg: ModelConfig) -> int:
+    """Inputs of the narrowest ternary matrix the engine reads row by row (what the b3
+    kernels would read): d_model, d_inner with SSM layers, and the MLP / expert hidden
+    sizes unless the activation-skip kernel reads the down projections transposed."""
+    cols = [cfg.d_model]
+    if any(cfg.mixer(i) == "ssm" for i in range(cfg.n_layers)):
+        cols.append(cfg.d_inner)
+    if not act_skip_applies(cfg.activation):
+        dense = any(i not in cfg.moe_layers for i in range(cfg.n_layers)) and cfg.mlp_hidden
+        cols += [h for h, used in ((cfg.mlp_hidden, dense), (cfg.expert_hidden, bool(cfg.moe_layers)),
+                                   (cfg.shared_hidden, bool(cfg.moe_layers and cfg.n_shared))) if used and h]
+    return min(cols)
+
+
+def b3_direct(cfg: ModelConfig, llc_bytes: int | None) -> bool:
+    """Does the engine's default (``b3="auto"``) read a model's base-3 matrices as stored?
+    Yes when the resident pool plus all routed experts exceed the last-level cache of
+    ``llc_bytes`` (unknown: no) and :func:`b3_row_cols` >= B3_DIRECT_MIN_COLS. The
+    predictor prices the same choice."""
+    if not llc_bytes or b3_row_cols(cfg) < B3_DIRECT_MIN_COLS:
+        return False
+    pc = param_counts(cfg)
+    return pc.resident.bytes + pc.expert_bytes_total > llc_bytes
+
+
+B3_MODES = ("auto", "direct", "expand")  # the engine's b3 option (tern.run.engine)
+
+
+def b3_mode(b3: str, kernel: str, cfg: ModelConfig, llc_bytes: int | None, packing: dict) -> tuple[str, bool]:
+    """The engine's ``b3`` option resolved: ``(mode, direct)``, mode "direct" or "expand"
+    ("auto": :func:`b3_direct`), direct True when the ternary kernel runs a file holding
+    b3 matrices in that mode (then every row-oriented ternary matrix is read in the b3
+    layout, ternary2 ones re-packed at load). ValueError for an unknown mode."""
+    if b3 not in B3_MODES:
+        raise ValueError(f"b3 must be one of {B3_MODES}, got {b3!r}")
+    if b3 == "auto":
+        b3 = "direct" if b3_direct(cfg, llc_bytes) else "expand"
+    has_b3 = any(p.get("format") == "ternary_b3" for p in packing.values())
+    return b3, kernel == "ternary" and has_b3 and b3 == "direct"

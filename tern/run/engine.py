@@ -28,6 +28,8 @@ computes the same model (docs/MODEL.md):
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
   to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
+- ``b3``: base-3 (1.6-bit) matrices read as stored (``"direct"``, tern.kernels.kernels_b3) or
+  expanded to ternary2 at load (``"expand"``); ``"auto"``: tern.kernels.policy.b3_mode. Same logits.
 - ``weights``: where the token step reads the file's bytes: ``"copy"``, a copy in
   anonymous memory on transparent huge pages (tern.run.weights: fewer TLB misses; costs a
   pass over the file at load and its size in resident memory), ``"map"``, the
@@ -64,12 +66,13 @@ from tern.core.config import tensor_specs
 from tern.core.host_caches import host_llc_bytes
 from tern.kernels import ops
 from tern.kernels.kernels_stored import DENSE_KINDS
-from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2
+from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2, pack_ternary_b3
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     STREAM_MAX_ROW_BYTES,
     STREAM_MIN_ROW_BYTES,
     act_skip_applies,
+    b3_mode,
     copy_weights,
     stream_row_bytes,
 )
@@ -119,7 +122,7 @@ class Engine:
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
-                 stream: str = "auto", dense16: str = "direct", weights: str = "auto"):
+                 stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -151,6 +154,7 @@ class Engine:
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
+        self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, host_llc_bytes(), self.model.packing)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
         if weights == "auto":
@@ -182,9 +186,10 @@ class Engine:
         if self.kernel == "fp32":
             wt, s = self.model.ternary(name)  # (..., rows, cols), (..., rows)
             return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
-        if p["orientation"] == orientation:
-            if p["format"] == "ternary2":
-                return self._file_addr(f"{name}.packed"), s_addr
+        b3 = self._b3_direct and orientation == "rows"  # G_B3: row matrices in the b3 layout
+        if p["orientation"] == orientation and p["format"] == ("ternary_b3" if b3 else "ternary2"):
+            return self._file_addr(f"{name}.packed"), s_addr  # as stored
+        if p["orientation"] == orientation and not b3:  # b3 expanded to ternary2
             pk = self.model.tensors[f"{name}.packed"]
             cols = p["rows"] if orientation == "transposed" else p["cols"]
             flat = pk.reshape(-1, pk.shape[-1])
@@ -193,7 +198,7 @@ class Engine:
         if orientation == "transposed":
             wt = np.swapaxes(wt, -1, -2)
         flat = np.ascontiguousarray(wt).reshape(-1, wt.shape[-1])
-        return aux.add(pack_ternary2(flat)), s_addr
+        return aux.add((pack_ternary_b3 if b3 else pack_ternary2)(flat)), s_addr
 
     def _dense(self, aux: _Aux, name: str) -> tuple[int, int, int]:
         """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
@@ -288,6 +293,7 @@ class Engine:
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
         G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
         G[ops.G_ROUTER_KIND] = router_kind
+        G[ops.G_B3] = int(self._b3_direct)
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
         routed = G.copy()  # ops.routed_globals: the routed experts' row
         routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
@@ -440,5 +446,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights,
+                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}
