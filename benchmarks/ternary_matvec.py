@@ -20,6 +20,11 @@ second, 1e9 bytes). Sections:
   against the ternary2 kernels on the same matrix expanded to 2 bits, on (4096, 14336)
   (cache-resident) and a DRAM matrix of >= ``--dram-bytes`` ternary2 bytes, with the
   effective weights per second (``gweights_per_s``) that decide which is faster;
+* ``prefetch`` (``--prefetch``, run alone): the ternary2 4-row pass ("ternary2") and the
+  one-row streaming pass ("ternary2_stream") with software prefetch off and on
+  (kt.ternary_matvec_rows / _par, same sums) on (4096, 14336) (cache-resident) and the
+  DRAM matrix of the b3 section, each on/off pair timed back to back, ``--rounds`` times,
+  next to the probe's read kernel at the DRAM working set (``pct_of_read_gbps``);
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
   DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on).
@@ -134,10 +139,12 @@ def b3_matrices(rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.nda
     return b3, t2
 
 
-def measure_b3(kernel: str, b3: np.ndarray, t2: np.ndarray, cols: int, threads: int, timing: TimingConfig,
-               seed: int = 0) -> dict:
-    """One b3-section row: ``kernel`` ("ternary2", "ternary2_stream" or "b3") on the matrix."""
-    rows = b3.shape[0]
+def measure_b3(kernel: str, b3: np.ndarray | None, t2: np.ndarray, cols: int, threads: int, timing: TimingConfig,
+               seed: int = 0, prefetch: bool | None = None) -> dict:
+    """One b3-section row: ``kernel`` ("ternary2", "ternary2_stream" or "b3") on the matrix;
+    ``prefetch`` True / False: the ternary2 passes with software prefetch on / off
+    (kt.ternary_matvec_rows; None: the default kernels, kt.ROW_PREFETCH)."""
+    rows = t2.shape[0]
     rng = np.random.default_rng(seed)
     rs = rng.random(rows, dtype=np.float32) + np.float32(0.5)
     xq = rng.integers(-127, 128, size=cols, dtype=np.int8)
@@ -152,6 +159,13 @@ def measure_b3(kernel: str, b3: np.ndarray, t2: np.ndarray, cols: int, threads: 
             kb.b3_permute(xq, xp)  # once per activation in the engine: counted here
             fn(b3, rs, xp, xs, out)
         weight_bytes = b3.nbytes
+    elif prefetch is not None:
+        fn = kt.ternary_matvec_rows_par if par else kt.ternary_matvec_rows
+        one_row = kernel == "ternary2_stream"
+
+        def call():
+            fn(t2, rs, xq, xs, out, one_row, prefetch)
+        weight_bytes = t2.nbytes
     else:
         fn = {("ternary2", False): kt.ternary_matvec, ("ternary2", True): kt.ternary_matvec_par,
               ("ternary2_stream", False): kt.ternary_matvec_stream,
@@ -195,6 +209,41 @@ def run_b3(args: argparse.Namespace, threads: list[int], timing: TimingConfig, m
     return rows_out
 
 
+def _read_row(rows: int, cols: int, threads: int, buffers: SweepBuffers, timing: TimingConfig, section: str) -> dict:
+    """The probe's read-bandwidth kernel at the working set of a (rows, cols) ternary2 matrix."""
+    point, _ = measure_point("read", rows * ((cols + 3) // 4), threads, buffers, timing)
+    return {"section": section, "kernel": "read_bandwidth", "rows": rows, "cols": cols,
+            "working_set_bytes": point.working_set_bytes, "gbps_best": point.gbps_best,
+            "gbps": {"median": point.gbps_median, "repeats": timing.repeats}}
+
+
+def run_prefetch(args: argparse.Namespace, threads: list[int], timing: TimingConfig, meta: dict) -> list[dict]:
+    """The prefetch section: each kernel with prefetch off then on, back to back."""
+    rows_out = []
+    for r, c in (*B3_SHAPES, b3_dram_shape(args.dram_bytes)):
+        t2 = random_ternary2(r, c, seed=0)
+        dram = t2.nbytes >= args.dram_bytes
+        buffers = SweepBuffers(t2.nbytes) if dram else None
+        for t in threads:
+            read = _read_row(r, c, t, buffers, timing, "prefetch") if dram else None
+            jobs = [("read", None)] if dram else []
+            jobs += [(k, pf) for _ in range(args.rounds) for k in B3_KERNELS[:2] for pf in (False, True)]
+            for k, pf in jobs:
+                if k == "read":
+                    res = read
+                else:
+                    res = measure_b3(k, None, t2, c, t, timing, prefetch=pf)
+                    res.update(section="prefetch", prefetch=pf)
+                    if read:
+                        res["pct_of_read_gbps"] = 100.0 * res["gbps"]["median"] / read["gbps"]["median"]
+                row = {**run_metadata(t), **meta, "working_set_bytes": int(t2.nbytes), **res}
+                rows_out.append(row)
+                if args.out:
+                    append_jsonl(args.out, row)
+        del t2, buffers
+    return rows_out
+
+
 def dram_shape(min_bytes: int) -> tuple[int, int]:
     """A square-ish (rows, cols) whose ternary2 payload is at least ``min_bytes``."""
     side = 256 * math.ceil(math.sqrt(4 * min_bytes) / 256)
@@ -224,6 +273,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
     if args.b3:  # this section alone
         return run_b3(args, threads, timing, meta)
+    if args.prefetch:  # this section alone
+        return run_prefetch(args, threads, timing, {**meta, "row_prefetch_default": kt.ROW_PREFETCH})
     rows_out: list[dict] = []
     buffers = None
     read_gbps: dict[int, float] = {}
@@ -231,13 +282,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         if section == "skip":
             row = measure_skip(k, t, timing)
         elif section == "dram" and k == "read":
-            ws = r * ((c + 3) // 4)
-            buffers = buffers or SweepBuffers(ws)
-            point, _ = measure_point("read", ws, t, buffers, timing)
-            row = {"section": "dram", "kernel": "read_bandwidth", "rows": r, "cols": c,
-                   "working_set_bytes": point.working_set_bytes, "gbps_best": point.gbps_best,
-                   "gbps": {"median": point.gbps_median, "repeats": timing.repeats}}
-            read_gbps[t] = point.gbps_median
+            buffers = buffers or SweepBuffers(r * ((c + 3) // 4))
+            row = _read_row(r, c, t, buffers, timing, "dram")
+            read_gbps[t] = row["gbps"]["median"]
         else:
             row = measure(k, r, c, t, timing, section)
             if section == "dram" and t in read_gbps:
@@ -264,6 +311,9 @@ def render(rows: list[dict]) -> str:
             note = f"{r['pct_of_read_gbps']:.0f}% of read bandwidth ({r['threads']} thr)"
         if "gweights_per_s" in r:
             note = f"{r['gweights_per_s']['median']:.1f} Gweights/s"
+        if "prefetch" in r:
+            note = f"prefetch {'on' if r['prefetch'] else 'off'}" + (
+                f", {r['pct_of_read_gbps']:.0f}% of read bandwidth" if "pct_of_read_gbps" in r else "")
         if r["kernel"] == "read_bandwidth":
             note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
         lines.append(f"{r['section']:8s} {r['kernel']:16s} {r['rows']:>6d}x{r['cols']:<6d} {r['threads']:>3d} "
@@ -288,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="run only the rowlen section: DRAM GB/s of the 4-row and one-row passes against row length")
     p.add_argument("--b3", action="store_true",
                    help="run only the b3 section: the base-3 kernel against ternary2, in cache and from DRAM")
+    p.add_argument("--prefetch", action="store_true",
+                   help="run only the prefetch section: ternary2 row passes with software prefetch off / on")
+    p.add_argument("--rounds", type=int, default=1, help="prefetch section: off/on pairs per kernel (default 1)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or 5
     args.min_time_s = args.min_time_s or (0.02 if args.quick else 0.1)

@@ -23,8 +23,8 @@ past a row.
 
 Kernels (``@njit(cache=True)``, validated inputs; :func:`b3_matvec_checked` validates):
 ``b3_matvec_xp`` (ROWS_PER_DOT rows per pass over xp, the activation loads shared, each
-block prefetching the rows of the next pass: from DRAM this beat a one-row streaming pass
-with or without prefetch, unlike ternary2's 4-row pass) and ``b3_matvec_xp_par`` over numba
+block prefetching the rows of the next pass (tern.kernels.prefetch, as ternary2's passes): from
+DRAM this beat a one-row streaming pass with or without prefetch) and ``b3_matvec_xp_par`` over numba
 threads (blocks of ROW_BLOCK rows); ``b3_matvec`` / ``b3_matvec_par`` take ``xq`` and
 permute it themselves. Without AVX2 (ROW_DOT_ISA "none") every one of them
 runs the portable plain-numba loop (a 243 x 5 code table).
@@ -42,10 +42,12 @@ from numba.extending import intrinsic
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_ternary import MAX_COLS, act_sum
 from tern.kernels.packing import B3_MAX_BYTE, B3_TRITS
+from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
 from tern.kernels.simd import (
     _I8,
     _I32,
     _I64,
+    _ISA,
     _V64I8,
     HAS_VBMI,
     ROW_DOT_ISA,
@@ -142,11 +144,6 @@ def _decode(builder, v, vty, decode):
     return codes
 
 
-def _prefetch(builder, base, off):
-    fn = _fn(builder.module, "llvm.prefetch.p0", ir.VoidType(), [ir.PointerType(_I8), _I32, _I32, _I32])
-    builder.call(fn, [builder.gep(base, [off]), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-
-
 def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
     pk_ty, _, xp_ty, _, _ = sig.args
     packed_arg, r, xp_arg, nfull, gtail = args
@@ -166,10 +163,7 @@ def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(nacc)]
             for _ in range(nrows)]
 
-    # software prefetch: the same bytes ``ahead`` bytes further on, at least the rows of the
-    # next pass (nrows rows on) and at least ``prefetch`` bytes
-    ahead = builder.mul(stride0, ir.Constant(_I64, nrows))
-    ahead = builder.select(builder.icmp_signed("<", ahead, ir.Constant(_I64, prefetch)), ir.Constant(_I64, prefetch), ahead)
+    ahead = prefetch_ahead(builder, stride0, nrows, prefetch)  # the next pass's rows, >= prefetch bytes on
 
     def dot(acc, codes, q):
         if width == 64:
@@ -184,7 +178,7 @@ def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
             if nvalid is None:
                 if prefetch:  # a hint only: past the row (or the array) it never faults
                     for rb in row_bases:
-                        _prefetch(builder, rb, builder.add(off, ahead))
+                        emit_prefetch(builder, rb, builder.add(off, ahead))
                 pvs = [_load_vec(builder, rb, off, vbytes) for rb in row_bases]
             else:
                 left = builder.sub(nvalid, ir.Constant(_I64, h * width))
@@ -246,13 +240,8 @@ def make_b3_dot(isa: str, decode: str, nrows: int = 1, prefetch: int = 0):
     return b3_rows_dot
 
 
-_ISA = ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2"
 _DECODE = DECODE if _ISA != "avx2" else "cmp"
-# Prefetch distance: measured on AMD EPYC Zen 5 (2 cores, 1 thread, ~200 MiB b3 matrices,
-# 4-row pass): without software prefetch 16-19 GB/s at 1,024 / 4,096 / 14,336 columns; the
-# next pass's rows or >= 4 KB ahead 24-36 GB/s (distances of 1-2 KB within a row helped
-# less; measurements spread +-15 %).
-PREFETCH_MIN_BYTES = 4096
+# prefetch distance: tern.kernels.prefetch.PREFETCH_MIN_BYTES (measured with this kernel)
 b3_row_dot = make_b3_dot(_ISA, _DECODE, 1, PREFETCH_MIN_BYTES)
 b3_rows4_dot = make_b3_dot(_ISA, _DECODE, ROWS_PER_DOT, PREFETCH_MIN_BYTES)
 HAS_SIMD = ROW_DOT_ISA != "none"
@@ -421,4 +410,4 @@ def b3_matvec_checked(packed: np.ndarray, row_scale: np.ndarray, xq: np.ndarray,
 
 
 # numba cache hygiene: the cached kernels above embed tern.kernels.simd's helpers
-drop_stale_cache(__file__, ("simd.py", "kernels_ternary.py", "packing.py"), b3_permute)
+drop_stale_cache(__file__, ("simd.py", "kernels_ternary.py", "packing.py", "prefetch.py"), b3_permute)

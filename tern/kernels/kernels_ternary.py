@@ -15,18 +15,22 @@ section below). Variants, layouts and the default rule: tern.probe.ternary_varia
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 from numba import prange
 
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.prefetch import prefetch_line
 from tern.kernels.simd import (
     ROW_DOT_ISA,
     ROWS_PER_DOT,
     SKIP_CHUNK_BYTES,
-    prefetch_line,
     row_codes_dot,
+    row_codes_dot_pf,
     rows_codes_dot,
+    rows_codes_dot_pf,
     skip_chunk,
 )
 
@@ -42,6 +46,14 @@ ROW_BLOCK = 16  # rows per parallel work item
 SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
 SKIP_PREFETCH_GROUPS = 2  # software prefetch distance of the skip kernel, in groups (8 rows; 1, 2, 4, 8, 16 measured alike within noise, 2 marginally best)
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
+# Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). AMD EPYC Zen 5, same run
+# (benchmarks/ternary_matvec.py --prefetch), GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM
+# 18.5 -> 30.5 / 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 /
+# 31.0 -> 36.3 (in cache 60 -> 58 / 119 -> 108: the engine streams DRAM pools only). TERN_ROW_PREFETCH=0 / 1
+# overrides it at import: numba compiles it into every cached kernel running these passes (tern.kernels.ops'
+# token step too, whose cache does not watch it), so give each setting its own NUMBA_CACHE_DIR.
+ROW_PREFETCH_DEFAULT = True
+ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
 
 
 @numba.njit(cache=True)
@@ -114,55 +126,68 @@ def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
 
 
 @numba.njit(cache=True, inline="always")
-def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1):
+def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1, prefetch):
     """Rows r0..r1-1 one at a time, in address order: one sequential read stream (also
     the tail rows of the 4-row pass). The 4-row pass of _rows_simd reads 4 streams a row apart; once rows are longer than a few hundred bytes and the
     matrix comes from DRAM, the hardware prefetcher follows 4 short streams badly (measured
     on Zen 4 with benchmarks/ternary_matvec.py --row-length: 7-10 GB/s at 512 B - 8 KB rows
     against 18-21 GB/s for this form, which is ~15 % slower in cache instead). Which matrices
-    use it: tern.kernels.policy.stream_row_bytes (the engine and the roofline share the rule).
-    """
+    use it: tern.kernels.policy.stream_row_bytes (the engine and the roofline share the rule). ``prefetch``: see ROW_PREFETCH."""
     nfull = xq.shape[0] // SEG_COLS
     gtail = packed.shape[1] - nfull * SEG_BYTES
     for r in range(r0, r1):
-        acc = np.int32(row_codes_dot(packed, r, xq, nfull, gtail) - qsum)
-        out[r] = row_scale[r] * x_scale * np.float32(acc)
+        d = row_codes_dot_pf(packed, r, xq, nfull, gtail) if prefetch else row_codes_dot(packed, r, xq, nfull, gtail)
+        out[r] = row_scale[r] * x_scale * np.float32(np.int32(d - qsum))
 
 
 @numba.njit(cache=True, inline="always")
-def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1, one_row):
+def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1, one_row, prefetch):
     """Rows r0..r1-1: ROWS_PER_DOT rows per pass over xq, or (``one_row``) the streaming
-    form of _rows_stream for them all."""
+    form of _rows_stream for them all; ``prefetch``: software prefetch (see ROW_PREFETCH)."""
     nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
     gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
     r = r0
     while not one_row and r + ROWS_PER_DOT <= r1:  # ROWS_PER_DOT rows per pass over xq
-        sums = rows_codes_dot(packed, r, xq, nfull, gtail)
+        sums = rows_codes_dot_pf(packed, r, xq, nfull, gtail) if prefetch else rows_codes_dot(packed, r, xq, nfull, gtail)
         for i in range(ROWS_PER_DOT):
             out[r + i] = row_scale[r + i] * x_scale * np.float32(np.int32(sums[i] - qsum))
         r += ROWS_PER_DOT
-    _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r, r1)
+    _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r, r1, prefetch)
 
 
 @numba.njit(cache=True, parallel=True)
-def _simd_par(packed, row_scale, xq, x_scale, out, one_row):
+def _simd_par(packed, row_scale, xq, x_scale, out, one_row, prefetch):
     qsum = act_sum(xq)
     rows = packed.shape[0]
     for i in prange((rows + ROW_BLOCK - 1) // ROW_BLOCK):
-        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK), one_row)
+        _rows_simd(packed, row_scale, xq, qsum, x_scale, out, i * ROW_BLOCK, min(rows, (i + 1) * ROW_BLOCK),
+                   one_row, prefetch)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_simd(packed, row_scale, xq, x_scale, out):
     """Variant "simd" (x86 with AVX2 or AVX-512): 64-byte loads, shift+mask to u8 codes,
     u8 x s8 dot products (vpdpbusd with VNNI), minus sum(xq)."""
-    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], False)
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], False, ROW_PREFETCH)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
     """Variant "simd", blocks of ROW_BLOCK rows split over numba threads."""
-    _simd_par(packed, row_scale, xq, x_scale, out, False)
+    _simd_par(packed, row_scale, xq, x_scale, out, False, ROW_PREFETCH)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_rows(packed, row_scale, xq, x_scale, out, one_row, prefetch):
+    """Variant "simd" with its options as arguments (same sums): ``one_row`` (the streaming
+    pass) and ``prefetch``; for same-process A/Bs (benchmarks/ternary_matvec.py --prefetch)."""
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], one_row, prefetch)
+
+
+@numba.njit(cache=True)
+def ternary_matvec_rows_par(packed, row_scale, xq, x_scale, out, one_row, prefetch):
+    """ternary_matvec_rows over numba threads (blocks of ROW_BLOCK rows)."""
+    _simd_par(packed, row_scale, xq, x_scale, out, one_row, prefetch)
 
 
 # ---- variant "simd", one row per pass (the streaming form; see _rows_stream) ----------------
@@ -171,13 +196,13 @@ def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
 @numba.njit(cache=True)
 def ternary_matvec_simd_stream(packed, row_scale, xq, x_scale, out):
     """Variant "simd", one row per pass (one sequential read stream; see _rows_stream)."""
-    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], True)
+    _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], True, ROW_PREFETCH)
 
 
 @numba.njit(cache=True)
 def ternary_matvec_simd_stream_par(packed, row_scale, xq, x_scale, out):
     """Variant "simd", one row per pass, blocks of ROW_BLOCK rows split over numba threads."""
-    _simd_par(packed, row_scale, xq, x_scale, out, True)
+    _simd_par(packed, row_scale, xq, x_scale, out, True, ROW_PREFETCH)
 
 
 # ---- default ---------------------------------------------------------------------------------
@@ -420,5 +445,6 @@ def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_sc
     return row_scale * np.float32(x_scale) * acc.astype(np.float32)
 
 
-# numba cache hygiene: the cached kernels above embed tern.kernels.simd's intrinsics
-drop_stale_cache(__file__, ("simd.py",), act_sum)
+# numba cache hygiene: the cached kernels above embed tern.kernels.simd's intrinsics and
+# the ROW_PREFETCH setting (a name that is no file: its text enters the stamp)
+drop_stale_cache(__file__, ("simd.py", "prefetch.py", f"row_prefetch={ROW_PREFETCH}"), act_sum)

@@ -15,6 +15,8 @@ The ISA is chosen once at import from the CPU numba compiles for (``NUMBA_CPU_NA
 ``rows_codes_dot`` (same arguments) returns the tuple of ROWS_PER_DOT such sums for rows
 r, r+1, ... in one pass over xq (each activation vector loaded once for all of them).
 
+``row_codes_dot_pf`` / ``rows_codes_dot_pf``: the same, with software prefetch (tern.kernels.prefetch).
+
 ``row_codes_dot(packed, r, xq, nfull, gtail)`` returns ``sum_c code[r, c] * xq[c]`` (int32)
 over the first ``nfull`` complete 256-column segments of row ``r`` plus a last, partial
 segment of ``gtail`` bytes (``0 <= gtail <= 64``; ``nfull = cols // 256``), where code = w + 1 in {0, 1, 2} and ``xq`` (cols,)
@@ -30,6 +32,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
 
 
 def _target_features() -> set[str]:
@@ -131,9 +135,10 @@ def _dot_step(builder, isa, acc, codes, q):
     return builder.add(acc, builder.call(wd, [p16, _splat(_V16I16, 1)]))
 
 
-def _emit_row_dot(context, builder, sig, args, isa, nrows):
+def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
     """Dot products of rows r .. r+nrows-1 against xq: one pass over xq, each activation
-    vector loaded once and used for every row (nrows * 4 vector accumulators)."""
+    vector loaded once and used for every row (nrows * 4 vector accumulators); ``prefetch``
+    > 0: each full segment prefetches the next pass's rows, >= ``prefetch`` bytes on."""
     pk_ty, _, qp_ty, _, _ = sig.args
     packed_arg, r, qp_arg, nfull, gtail = args  # qp: the unpadded int8 activations
     pk = context.make_array(pk_ty)(context, builder, packed_arg)
@@ -150,6 +155,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows):
     vacc = _V8I32 if isa == "avx2" else _V16I32
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(4)]
             for _ in range(nrows)]
+    ahead = prefetch_ahead(builder, stride0, nrows, prefetch) if prefetch else None
 
     def clamp0(v):
         return builder.select(builder.icmp_signed("<", v, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), v)
@@ -162,6 +168,9 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows):
                 nvalid = _min64(builder, clamp0(builder.sub(g, ir.Constant(_I64, h * width))), width)
                 pvs = [_masked_load(builder, rb, off, vbytes, nvalid) for rb in row_bases]
             else:
+                if ahead is not None and h == 0:  # one prefetch per 64-byte segment and row
+                    for rb in row_bases:
+                        emit_prefetch(builder, rb, builder.add(off, ahead))
                 pvs = [_load_vec(builder, rb, off, vbytes) for rb in row_bases]
             for k in range(4):
                 qoff = builder.add(seg_q, builder.add(builder.mul(g, ir.Constant(_I64, k)),
@@ -223,7 +232,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows):
     return context.make_tuple(builder, sig.return_type, sums)
 
 
-def _make_row_dot(isa, nrows=1):
+def _make_row_dot(isa, nrows=1, prefetch=0):
     @intrinsic
     def row_codes_dot(typingctx, packed, r, qp, nfull, gtail):
         if not (isinstance(packed, types.Array) and packed.ndim == 2 and packed.dtype == types.uint8
@@ -238,7 +247,7 @@ def _make_row_dot(isa, nrows=1):
             a = list(args)
             for i in (1, 3, 4):  # index arguments as i64
                 a[i] = context.cast(builder, a[i], signature.args[i], types.int64)
-            return _emit_row_dot(context, builder, signature, a, isa, nrows)
+            return _emit_row_dot(context, builder, signature, a, isa, nrows, prefetch)
 
         return sig, codegen
 
@@ -246,8 +255,11 @@ def _make_row_dot(isa, nrows=1):
 
 
 ROWS_PER_DOT = 2 if ROW_DOT_ISA == "avx2" else 4  # rows sharing one pass over xq (register budget)
-row_codes_dot = _make_row_dot(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2")
-rows_codes_dot = _make_row_dot(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", ROWS_PER_DOT)
+_ISA = ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2"
+row_codes_dot = _make_row_dot(_ISA)
+rows_codes_dot = _make_row_dot(_ISA, ROWS_PER_DOT)
+row_codes_dot_pf = _make_row_dot(_ISA, 1, PREFETCH_MIN_BYTES)
+rows_codes_dot_pf = _make_row_dot(_ISA, ROWS_PER_DOT, PREFETCH_MIN_BYTES)
 
 
 @intrinsic
@@ -261,29 +273,6 @@ def popcount64(typingctx, x):
         return builder.call(fn, [args[0]])
 
     return types.uint64(types.uint64), codegen
-
-
-@intrinsic
-def prefetch_line(typingctx, arr, row, byte_off):
-    """Hint the CPU to fetch the cache line holding byte ``byte_off`` of row ``row`` of a
-    2-D C-contiguous uint8 array (``llvm.prefetch``, read, keep in all levels). A hint
-    only: it never faults, so an address past the array is harmless."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint8
-            and arr.layout == "C"):
-        return None
-    sig = types.none(arr, types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        a = context.make_array(signature.args[0])(context, builder, args[0])
-        r = context.cast(builder, args[1], signature.args[1], types.int64)
-        off = context.cast(builder, args[2], signature.args[2], types.int64)
-        stride0 = cgutils.unpack_tuple(builder, a.strides)[0]
-        ptr = builder.gep(builder.bitcast(a.data, ir.PointerType(_I8)), [builder.add(builder.mul(r, stride0), off)])
-        fn = _fn(builder.module, "llvm.prefetch.p0", ir.VoidType(), [ir.PointerType(_I8), _I32, _I32, _I32])
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 # ---- activation-skip accumulate (transposed orientation) ------------------------------------

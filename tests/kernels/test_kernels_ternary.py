@@ -96,6 +96,38 @@ def test_dense_kernels_exact(kernel, shape):
     np.testing.assert_allclose(out, ref, rtol=1e-6)
 
 
+@pytest.mark.skipif(K.DEFAULT_VARIANT != "simd", reason="the row passes need AVX2 / AVX-512")
+@pytest.mark.parametrize("shape", SHAPES + [(37, 2048), (21, 5000)])
+@pytest.mark.parametrize("kernel", [K.ternary_matvec_rows, K.ternary_matvec_rows_par], ids=lambda f: f.__name__)
+def test_row_pass_options_bit_identical(kernel, shape):
+    """Software prefetch and the one-row pass change no arithmetic: every combination gives
+    the default kernel's output bit for bit (rows past the end are only prefetched)."""
+    wt, rs, xq, xs = _problem(*shape, seed=3 * sum(shape))
+    packed = P.pack_ternary2(wt)
+    ref = np.empty(shape[0], dtype=np.float32)
+    K.ternary_matvec(packed, rs, xq, xs, ref)
+    for one_row in (False, True):
+        for prefetch in (False, True):
+            out = np.full(shape[0], np.nan, dtype=np.float32)
+            kernel(packed, rs, xq, xs, out, one_row, prefetch)
+            assert np.array_equal(out, ref), (one_row, prefetch)
+
+
+def test_row_prefetch_setting_and_override(tmp_path):
+    """TERN_ROW_PREFETCH=0 / 1 overrides the default at import (own numba cache here: the
+    setting is compiled into the cached kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    assert isinstance(K.ROW_PREFETCH, bool) and isinstance(K.ROW_PREFETCH_DEFAULT, bool)
+    for val, want in (("0", "False"), ("1", "True")):
+        env = {**os.environ, "TERN_ROW_PREFETCH": val, "NUMBA_CACHE_DIR": str(tmp_path / val)}
+        got = subprocess.run([sys.executable, "-c", "import tern.kernels.kernels_ternary as K; print(K.ROW_PREFETCH)"],
+                             env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
+        assert got == want
+
+
 def test_extreme_sums_exact():
     # all +1 weights against all +127 (and all -1 against -127): the largest sums.
     cols = 1000
@@ -248,10 +280,12 @@ def test_variant_extreme_values_exact():
 def test_row_dot_every_isa_path(isa):
     if isa == "none":
         pytest.skip("no x86 SIMD path on this CPU")
-    row_dot = simd._make_row_dot(isa)
-    rows2_dot = simd._make_row_dot(isa, 2)
-    rows4_dot = simd._make_row_dot(isa, 4)
+    for prefetch in (0, 256):  # prefetch changes no sum
+        _check_row_dots(simd._make_row_dot(isa, 1, prefetch), simd._make_row_dot(isa, 2, prefetch),
+                        simd._make_row_dot(isa, 4, prefetch))
 
+
+def _check_row_dots(row_dot, rows2_dot, rows4_dot):
     @numba.njit
     def dots(packed, xq, out1, out2, out4):
         nfull = xq.shape[0] // 256
