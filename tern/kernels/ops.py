@@ -652,5 +652,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 # ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
-_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py")
+_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py")
 drop_stale_cache(__file__, _DEPS, token_step)

@@ -150,7 +150,8 @@ def _drivers():
 
 # the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
 ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
-                                              "kernels_dense.py", "fastmath.py"))
+                                              "kernels_dense.py", "fastmath.py", "kernels_b3.py",
+                                              "kernels_stored.py", "prefetch.py"))
 
 
 _DRIVERS: dict[str, Callable] | None = None
