@@ -35,9 +35,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import prange
 from numba.core import cgutils
-from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_ternary import MAX_COLS, act_sum
@@ -57,6 +56,7 @@ from tern.kernels.simd import (
     _load_vec,
     _masked_load,
     _splat,
+    rows_dot_intrinsic,
 )
 
 # Launch numba's threading layer at import (see tern.kernels.kernels_ternary).
@@ -219,25 +219,8 @@ def make_b3_dot(isa: str, decode: str, nrows: int = 1, prefetch: int = 0):
     if decode == "vbmi" and isa == "avx2":
         raise ValueError("the vbmi decode needs AVX-512")
 
-    @intrinsic
-    def b3_rows_dot(typingctx, packed, r, xp, nfull, gtail):
-        if not (isinstance(packed, types.Array) and packed.ndim == 2 and packed.dtype == types.uint8
-                and packed.layout == "C"
-                and isinstance(xp, types.Array) and xp.ndim == 1 and xp.dtype == types.int8
-                and xp.layout == "C"):
-            return None
-        ret = types.int32 if nrows == 1 else types.UniTuple(types.int32, nrows)
-        sig = ret(packed, types.int64, xp, types.int64, types.int64)
-
-        def codegen(context, builder, signature, args):
-            a = list(args)
-            for i in (1, 3, 4):
-                a[i] = context.cast(builder, a[i], signature.args[i], types.int64)
-            return _emit_b3_dot(context, builder, signature, a, isa, decode, nrows, prefetch)
-
-        return sig, codegen
-
-    return b3_rows_dot
+    return rows_dot_intrinsic(nrows, lambda context, builder, sig, args:
+                              _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch))
 
 
 _DECODE = DECODE if _ISA != "avx2" else "cmp"

@@ -232,26 +232,35 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
     return context.make_tuple(builder, sig.return_type, sums)
 
 
-def _make_row_dot(isa, nrows=1, prefetch=0):
+def rows_dot_intrinsic(nrows, emit):
+    """A numba intrinsic ``f(packed, r, x, nfull, gtail)`` over a C-contiguous uint8 matrix
+    and an int8 vector returning ``nrows`` int32 dots (one int32 when ``nrows == 1``); the
+    index arguments arrive as i64 and ``emit(context, builder, signature, args)`` emits
+    the body (the ternary2 row dot here, the base-3 one in tern.kernels.kernels_b3)."""
     @intrinsic
-    def row_codes_dot(typingctx, packed, r, qp, nfull, gtail):
+    def rows_dot(typingctx, packed, r, x, nfull, gtail):
         if not (isinstance(packed, types.Array) and packed.ndim == 2 and packed.dtype == types.uint8
                 and packed.layout == "C"
-                and isinstance(qp, types.Array) and qp.ndim == 1 and qp.dtype == types.int8
-                and qp.layout == "C"):
+                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.int8
+                and x.layout == "C"):
             return None
         ret = types.int32 if nrows == 1 else types.UniTuple(types.int32, nrows)
-        sig = ret(packed, types.int64, qp, types.int64, types.int64)
+        sig = ret(packed, types.int64, x, types.int64, types.int64)
 
         def codegen(context, builder, signature, args):
             a = list(args)
             for i in (1, 3, 4):  # index arguments as i64
                 a[i] = context.cast(builder, a[i], signature.args[i], types.int64)
-            return _emit_row_dot(context, builder, signature, a, isa, nrows, prefetch)
+            return emit(context, builder, signature, a)
 
         return sig, codegen
 
-    return row_codes_dot
+    return rows_dot
+
+
+def _make_row_dot(isa, nrows=1, prefetch=0):
+    return rows_dot_intrinsic(nrows, lambda context, builder, sig, args:
+                              _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch))
 
 
 ROWS_PER_DOT = 2 if ROW_DOT_ISA == "avx2" else 4  # rows sharing one pass over xq (register budget)
