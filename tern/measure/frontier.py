@@ -358,8 +358,9 @@ def frontier_to_show(results: str | Path = "results", smoke: bool = False,
         return run_frontier(results, budget_s=SMOKE_BUDGET_S, threads=[1], smoke=True, progress=progress)
     mine = results_dir(results) / "bench" / ROWS_NAME
     for path in (mine, committed_rows_path()):
-        if path is not None and latest_rows(read_jsonl(path)):
-            return result_from_rows(read_jsonl(path), path)
+        rows = read_jsonl(path) if path is not None else []
+        if latest_rows(rows):
+            return result_from_rows(rows, path)
     return None
 
 
