@@ -183,7 +183,9 @@ def op_curve_for(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: st
     if not rows:
         return None
     t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))
-    return max((c for c in rows if c.threads == t), key=lambda c: c.rows * c.cols)
+    # the main shape: the most weights; of equal weights the longer rows (a row-heavy
+    # shape of the same weights, op_curve_trio's third, is not the main one)
+    return max((c for c in rows if c.threads == t), key=lambda c: (c.rows * c.cols, c.cols))
 
 
 def op_curve_pair(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str,
@@ -197,6 +199,22 @@ def op_curve_pair(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: s
     small = [c for c in curves if c.op == op and c.split == split and c.threads == large.threads
              and c.rows * c.cols * c.density < large.rows * large.cols * large.density]
     return (max(small, key=lambda c: c.rows * c.cols), large) if small else None
+
+
+def op_curve_trio(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str,
+                  threads: int) -> tuple[OpCurve, OpCurve, OpCurve] | None:
+    """(smaller, larger, row-heavy) shapes of ``op``'s curves as ``split`` at the thread
+    count nearest ``threads``: :func:`op_curve_pair` plus a third shape with more rows per
+    weight than the larger one (e.g. 2048 x 512 beside 1024 x 1024), from which the
+    predictor fits each call's time at a working set as per-call + per-weight + per-row
+    terms (tern.predict.inventory.curve_stall); None unless all three were measured."""
+    pair = op_curve_pair(curves, op, split, threads)
+    if pair is None:
+        return None
+    small, large = pair
+    rowy = [c for c in curves if c.op == op and c.split == split and c.threads == large.threads
+            and c.rows * large.cols > large.rows * c.cols and c.rows != small.rows]
+    return (small, large, max(rowy, key=lambda c: c.rows)) if rowy else None
 
 
 def op_cost_for(costs: tuple[OpCost, ...] | list[OpCost], op: str, threads: int = 1) -> OpCost | None:

@@ -19,9 +19,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
-from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair
+from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     SEGMENT_COLS,
@@ -279,13 +281,39 @@ def _per_call_at(pair: tuple[Any, Any], ws: float, weights: float, first: bool =
     return t_s + (weights - w_s) * (t_l - t_s) / (w_l - w_s)
 
 
-def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weights: float) -> float | None:
-    """Seconds one call of ``key``'s op reading ``weights`` weights takes at working set
-    ``ws`` beyond the same call on cache-resident data, from two measured matrix sizes (a
-    per-call stall plus a per-weight one, both measured); None without two sizes. With
-    ``split == "experts"`` the curve's time is per group of parallel calls and the
-    reference is the single-thread curve, as in :func:`_curve_slowdown`."""
+def _trio_per_call_at(trio: tuple[Any, Any, Any], ws: float, weights: float, rows: float,
+                      first: bool = False) -> float:
+    """Seconds per call of a matrix of ``rows`` rows reading ``weights`` weights at working
+    set ``ws``: the plane ``a + b x weights + c x rows`` through the three measured shapes
+    of ``trio`` (``first``: at each curve's smallest, cache-resident working set). The
+    per-row term is measured at the working set, so how much of a long-running matrix's
+    per-row work hides the memory stream is the host's, not assumed."""
+    A = np.array([[1.0, c.rows * c.cols * c.density, float(c.cols if c.op == "ternary_skip" else c.rows)]
+                  for c in trio])
+    t = np.array([c.seconds[0] if first else c.seconds_at(ws) for c in trio])
+    a, b, c = np.linalg.solve(A, t)
+    return float(a + b * weights + c * rows)
+
+
+def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weights: float,
+                         rows: float | None = None) -> float | None:
+    """Seconds one call of ``key``'s op reading ``weights`` weights over ``rows`` rows takes
+    at working set ``ws`` beyond the same call on cache-resident data, from the measured
+    matrix shapes: three (:func:`~tern.core.host_profile.op_curve_trio`: per-call,
+    per-weight and per-row terms) where the profile has them and ``rows`` is given, else two
+    (a per-call stall plus a per-weight one); None with fewer. With ``split == "experts"``
+    the curve's time is per group of parallel calls and the reference is the single-thread
+    curve, as in :func:`_curve_slowdown`."""
     split = key.split if threads > 1 else "serial"
+    if rows is not None:
+        trio = op_curve_trio(host.op_curves, key.op, split, threads)
+        ref3 = trio if split != "experts" else op_curve_trio(host.op_curves, key.op, "serial", 1)
+        if trio is not None and ref3 is not None:
+            try:
+                return max(0.0, _trio_per_call_at(trio, ws, weights, rows)
+                           - _trio_per_call_at(ref3, ws, weights, rows, first=True))
+            except np.linalg.LinAlgError:  # degenerate shapes (no row-heavy one): the pair
+                pass
     pair = op_curve_pair(host.op_curves, key.op, split, threads)
     ref = pair if split != "experts" else op_curve_pair(host.op_curves, key.op, "serial", 1)
     if pair is None or ref is None:
@@ -306,7 +334,7 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
             continue
         t, divisor = key.priced_at(threads)
-        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls)
+        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls, w.rows / w.calls)
         if per_call is not None:
             extra += w.calls * per_call / divisor
         else:

@@ -28,7 +28,9 @@ read), the int8 and fp32 matvecs of heads and routers. The ternary ops are timed
 second, 4x smaller matrix too (:data:`SMALL_CURVE_SHAPES`), serial and expert-parallel:
 from the two sizes the predictor reads each call's time at the op's own matrix size, so
 a per-call stall (a cold prefetch stream at every matrix) is measured, not folded into a
-per-weight rate (tern.predict.inventory.curve_stall). The weights are mapped from a file,
+per-weight rate (tern.predict.inventory.curve_stall). The 4-row pass has a third,
+row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a
+per-row term is measured at every working set too. The weights are mapped from a file,
 as the engine maps a model (:class:`CurveBuffer`).
 """
 
@@ -75,6 +77,12 @@ SMALL_CURVE_SHAPES = {
     "ternary_stream": (64, 4096),
     "ternary_skip": (256, 1024),
 }
+# a third, row-heavy shape of the 4-row pass (the weights of the main shape over twice its
+# rows; serial and expert-parallel): with three shapes the predictor fits each call's time at
+# a working set as per-call + per-weight + per-row terms, so matrices of short rows and many
+# of them (e.g. 4096 x 512 expert gate/up projections) price how much of their per-row work
+# overlaps the memory stream on this host instead of adding it (tern.predict.inventory)
+ROWY_CURVE_SHAPES = {"ternary_matvec": (2048, 512)}
 SKIP_DENSITY = 0.25  # fraction of nonzero inputs of the skip kernel's curve
 WORKING_SETS = tuple(int(256 * KIB * 2 ** i) for i in range(0, 10)) + (512 * MIB,)  # 256 KiB .. 128 MiB, 512 MiB
 QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
@@ -265,8 +273,8 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
 
 def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str, str, int, tuple[int, int]]]:
     """(op, split, threads, matrix shape) of every curve a probe measures (quick: the
-    1-thread ternary ones). The smaller shapes come last, so a reader that takes the first
-    curve of an op finds the main shape."""
+    1-thread ternary ones, without the row-heavy shape). The smaller and row-heavy shapes
+    come last, so a reader that takes the first curve of an op finds the main shape."""
     if quick:
         ops = ("ternary_matvec", "ternary_stream", "ternary_skip")
         return ([(op, "serial", 1, CURVE_SHAPES[op]) for op in ops]
@@ -278,7 +286,9 @@ def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str,
             plan += [(op, "rows", t, shape) for op, shape in PAR_CURVE_SHAPES.items()]
             plan += [(op, "experts", t, CURVE_SHAPES[op]) for op in EXPERT_OPS]
             small += [(op, "experts", t, SMALL_CURVE_SHAPES[op]) for op in EXPERT_OPS]
-    return plan + small
+    rowy = [(op, "serial", 1, shape) for op, shape in ROWY_CURVE_SHAPES.items()]
+    rowy += [(op, "experts", t, shape) for t in threads if t > 1 for op, shape in ROWY_CURVE_SHAPES.items()]
+    return plan + small + rowy
 
 
 def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,

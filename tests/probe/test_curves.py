@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair
+from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair, op_curve_trio
 from tern.predict.inventory import WorkKey, curve_stall
-from tern.probe.curves import SMALL_CURVE_SHAPES, CurveBuffer, curve_plan, measure_curve
+from tern.probe.curves import ROWY_CURVE_SHAPES, SMALL_CURVE_SHAPES, CurveBuffer, curve_plan, measure_curve
 from tern.probe.timing import TimingConfig
 
 FAST = TimingConfig(min_time_s=0.002, repeats=2, warmup_s=0.0, max_calibration_s=0.01)
@@ -38,10 +38,13 @@ def test_curve_validation_and_lookup():
     assert op_curve_for([c], "ternary_matvec", "serial", 4) is c
     assert op_curve_for([c], "ternary_matvec", "rows", 2) is None
     plan = curve_plan((1, 2))
-    assert len(plan) == 19 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
-    # the smaller shapes come after every main shape (an older reader takes the first curve)
+    assert len(plan) == 21 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
+    # the smaller and row-heavy shapes come after every main shape (an older reader takes the first curve)
     small = [i for i, (op, _, _, shape) in enumerate(plan) if shape == SMALL_CURVE_SHAPES.get(op)]
-    assert len(small) == 6 and min(small) == len(plan) - 6
+    rowy = [i for i, (op, _, _, shape) in enumerate(plan) if shape == ROWY_CURVE_SHAPES.get(op)]
+    assert len(small) == 6 and min(small) == len(plan) - 8
+    assert [plan[i][1] for i in rowy] == ["serial", "experts"] and min(rowy) == len(plan) - 2
+    assert not any(shape == ROWY_CURVE_SHAPES.get(op) for op, _, _, shape in curve_plan((1, 2), quick=True))
 
 
 def test_the_lookup_takes_the_main_shape_and_pairs_the_two():
@@ -50,6 +53,47 @@ def test_the_lookup_takes_the_main_shape_and_pairs_the_two():
     assert op_curve_for([small, big], "ternary_matvec", "serial", 1) is big
     assert op_curve_pair([small, big], "ternary_matvec", "serial", 1) == (small, big)
     assert op_curve_pair([big], "ternary_matvec", "serial", 1) is None
+    # a row-heavy shape of the same weights is not the main one, and makes the trio
+    rowy = OpCurve("ternary_matvec", "serial", 1, 2048, 512, 1.0, (1 << 18, 1 << 30), (1.2e-5, 3.1e-5))
+    assert op_curve_for([rowy, small, big], "ternary_matvec", "serial", 1) is big
+    assert op_curve_pair([rowy, small, big], "ternary_matvec", "serial", 1) == (small, big)
+    assert op_curve_trio([rowy, small, big], "ternary_matvec", "serial", 1) == (small, big, rowy)
+    assert op_curve_trio([small, big], "ternary_matvec", "serial", 1) is None
+
+
+def test_three_shapes_measure_a_per_row_term_at_the_working_set():
+    """Per call t = a + b w + c r through (256 x 1024, 1024 x 1024, 2048 x 512), solved by
+    hand: c = (t_rowy - t_big) / 1024 rows, b = (t_big - t_small - 768 c) / 768Ki weights,
+    a = t_small - 256Ki b - 256 c. At 1 GiB the row-heavy shape is *faster* than the main
+    one (c < 0: its extra per-row work hides part of the stall), on cache-resident data
+    slower (c0 > 0). A 4096 x 512 call (w = 2Mi) then stalls t(w, r) - t0(w, r), less than
+    the pair's per-weight extrapolation, which ignores rows."""
+    from tern.core.host_profile import OpCost
+    from tern.predict.inventory import OpWork
+
+    ws = (1 << 18, 1 << 30)
+    small = OpCurve("ternary_matvec", "serial", 1, 256, 1024, 1.0, ws, (2.5e-6, 9e-6))
+    big = OpCurve("ternary_matvec", "serial", 1, 1024, 1024, 1.0, ws, (1e-5, 3e-5))
+    rowy = OpCurve("ternary_matvec", "serial", 1, 2048, 512, 1.0, ws, (1.4e-5, 2.6e-5))
+    cost = OpCost("ternary_matvec", 1, call_s=0.0, row_s=0.0, unit_s=1e-11, samples=3, max_rel_err=0.0)
+    host = HostProfile("t", True, {}, (), "test", (), op_costs=(cost,), op_curves=(big, small, rowy))
+    Ki, Mi = 1024, 1 << 20
+
+    def plane(t_small, t_big, t_rowy):  # hand elimination of the 3 x 3 system
+        c = (t_rowy - t_big) / 1024
+        b = (t_big - t_small - 768 * c) / (768 * Ki)
+        a = t_small - 256 * Ki * b - 256 * c
+        return lambda w, r: a + b * w + c * r
+
+    hot, cold = plane(9e-6, 3e-5, 2.6e-5), plane(2.5e-6, 1e-5, 1.4e-5)
+    work = {WorkKey("ternary_matvec"): OpWork(3.0, 3 * 4096.0, 3 * 2.0 * Mi, 0.0)}
+    extra, covered = curve_stall(work, host, 1, 1 << 30)
+    assert extra == pytest.approx(3 * (hot(2 * Mi, 4096) - cold(2 * Mi, 4096)))
+    assert covered == pytest.approx(3 * 2 * Mi * 0.25)
+    pair_only, _ = curve_stall(work, dataclasses.replace(host, op_curves=(big, small)), 1, 1 << 30)
+    assert pair_only == pytest.approx(3 * (9e-6 + (2 * Mi - 256 * Ki) * 21e-6 / (768 * Ki)
+                                           - 2.5e-6 - (2 * Mi - 256 * Ki) * 7.5e-6 / (768 * Ki)))
+    assert extra < pair_only
 
 
 def test_two_sizes_price_a_per_call_stall_at_the_op_s_own_matrix_size():
