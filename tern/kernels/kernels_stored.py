@@ -7,6 +7,8 @@ these kernels read the stored 2-byte values directly and widen them in registers
 (``vcvtph2ps`` for fp16, a 16-bit shift for bf16). Both conversions are exact, and each
 row's sum runs in the same order as the fp32 kernel's (tern.kernels.kernels_dense), so the
 results are bit-identical to converting at load (tested: tests/kernels/test_kernels_stored.py).
+On a CPU without F16C the fp16 widening is integer code (:func:`_f16_to_f32_bits`, still
+exact); there the loops may vectorize differently, so sums agree to float rounding only.
 
 Also here, shared with tern.kernels.ops: the buffer-address helpers (``u8``, ``f32``: a
 tensor's address is ``byte_offset * 2 + buffer_id``, 0 the memory-mapped file, 1 the
@@ -25,6 +27,7 @@ from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+from tern.kernels.simd import target_features
 
 # Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
 # given build, so thread counts never change results); the numpy error model drops the
@@ -62,7 +65,7 @@ def f32(buf, aux, addr, n):
 
 
 @intrinsic
-def f16_to_f32(typingctx, v):
+def _f16_to_f32_fpext(typingctx, v):
     """IEEE half (its bits as uint16) -> float32, exact (``fpext``: vcvtph2ps with F16C)."""
     if v != types.uint16:
         return None
@@ -70,6 +73,55 @@ def f16_to_f32(typingctx, v):
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _u32_as_f32(typingctx, v):
+    """The float32 whose bits are the low 32 bits of ``v`` (an unsigned integer: numba
+    widens uint32 arithmetic to uint64)."""
+    if v not in (types.uint32, types.uint64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = builder.trunc(args[0], ir.IntType(32)) if signature.args[0] == types.uint64 else args[0]
+        return builder.bitcast(low, ir.FloatType())
+    return types.float32(v), codegen
+
+
+@intrinsic
+def _f32_as_u32(typingctx, v):
+    """The bits of float32 ``v`` as uint32."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def _f16_to_f32_bits(h):
+    """IEEE half (its bits as uint16) -> float32, exact, in integer arithmetic: for CPUs
+    without F16C, where LLVM's ``fpext half`` becomes a call to compiler-rt's
+    ``__extendhfsf2``, which numba's JIT cannot link (the process aborts: "LLVM ERROR:
+    Symbol not found"). Branch-free (selects), so a loop over a row still vectorizes:
+    exponent and mantissa move up 13 bits and the exponent is rebiased (+112); infinities
+    and NaNs get the top exponent; zeros and subnormals are renormalised by one float
+    subtraction (m x 2^-24 is exact in float32)."""
+    b = np.uint32(h)
+    o = (b & np.uint32(0x7FFF)) << np.uint32(13)
+    e = o & np.uint32(0x0F800000)
+    o = o + np.uint32(112 << 23)
+    o = o + (np.uint32(112 << 23) if e == np.uint32(0x0F800000) else np.uint32(0))
+    sub = _f32_as_u32(_u32_as_f32(o + np.uint32(1 << 23)) - np.float32(6.103515625e-05))  # 2^-14
+    bits = (sub if e == np.uint32(0) else o) | ((b & np.uint32(0x8000)) << np.uint32(16))
+    return _u32_as_f32(bits)
+
+
+# the conversion every fp16 reader uses, chosen once for the CPU numba compiles for (each
+# target caches its own code)
+HAS_F16C = "f16c" in target_features()
+f16_to_f32 = _f16_to_f32_fpext if HAS_F16C else _f16_to_f32_bits
 
 
 @intrinsic

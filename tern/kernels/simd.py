@@ -36,7 +36,9 @@ from numba.extending import intrinsic
 from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
 
 
-def _target_features() -> set[str]:
+def target_features() -> set[str]:
+    """CPU features of the target numba compiles for (``NUMBA_CPU_NAME`` with
+    ``NUMBA_CPU_FEATURES``: only the listed ones; else the host's)."""
     cfg = numba.config
     if cfg.CPU_NAME:  # numba compiles for a named CPU: trust only the listed features
         feats = cfg.CPU_FEATURES or ""
@@ -55,7 +57,7 @@ def _pick_isa(feats: set[str]) -> str:
     return "none"
 
 
-ROW_DOT_ISA = _pick_isa(_target_features())
+ROW_DOT_ISA = _pick_isa(target_features())
 SEG_BYTES = 64
 
 
@@ -424,7 +426,7 @@ skip_chunk = _make_skip_chunk(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", 
 
 # ---- T-MAC-style table lookups (AVX-512 VBMI: vpermi2b, a 128-entry byte table) -------------
 
-HAS_VBMI = "avx512vbmi" in _target_features() and "avx512bw" in _target_features()
+HAS_VBMI = "avx512vbmi" in target_features() and "avx512bw" in target_features()
 LUT_ROWS = 64  # rows per block: one byte lane per row
 
 

@@ -16,6 +16,7 @@ from tern.kernels.kernels_stored import (
     dense_row,
     router_logits,
 )
+from tern.kernels.kernels_stored import _f16_to_f32_bits as _f16_to_f32_bits
 
 SHAPES = [(1, 1), (5, 48), (97, 100), (64, 256), (300, 1000)]
 
@@ -78,3 +79,49 @@ def test_int8_rows_and_matvec_apply_the_row_scale():
     row = np.zeros(40, np.float32)
     dense_row(buf, buf, DENSE_INT8, 0, 2 * q.size, 3, 40, row)
     assert np.array_equal(row, q[3].astype(np.float32) * s[3])
+
+
+@numba.njit
+def _convert_all(h, out):
+    for i in range(h.size):
+        out[i] = _f16_to_f32_bits(h[i])
+
+
+def test_the_integer_fp16_conversion_is_exact_on_every_half():
+    """The path for CPUs without F16C: all 65536 bit patterns widen exactly as numpy does
+    (zeros, subnormals, normals, infinities; NaNs keep sign and payload)."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.zeros(h.size, np.float32)
+    _convert_all(h, out)
+    assert np.array_equal(out.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+def test_fp16_tables_compile_and_match_for_a_cpu_without_f16c(tmp_path):
+    """numba compiling for an SSE4.2 CPU (no F16C, the commit_host.sh `noavx2` target): the
+    fp16 kernels used to abort the whole process ("LLVM ERROR: Symbol not found:
+    __extendhfsf2"); now they take the integer conversion (exact, tested above) and agree
+    with the fp32 kernel on the converted matrix to float rounding (the summation order of
+    the two loops may differ there: bit-identity holds where F16C is present)."""
+    import os
+    import subprocess
+    import sys
+
+    sse = "+64bit,+cmov,+cx16,+cx8,+fxsr,+mmx,+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3"
+    env = {**os.environ, "NUMBA_CPU_NAME": "nehalem", "NUMBA_CPU_FEATURES": sse,
+           "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    code = (
+        "import numpy as np\n"
+        "from tern.kernels import kernels_stored as ks\n"
+        "from tern.kernels.kernels_dense import matvec_fp32_nb\n"
+        "assert not ks.HAS_F16C\n"
+        "rng = np.random.default_rng(0)\n"
+        "W = rng.standard_normal((37, 300)).astype(np.float16)\n"
+        "x = rng.standard_normal(300).astype(np.float32)\n"
+        "out, want = np.zeros(37, np.float32), np.zeros(37, np.float32)\n"
+        "ks.matvec_w16(W.view(np.uint16), x, out, False)\n"
+        "matvec_fp32_nb(W.astype(np.float32), x, want)\n"
+        "ref = W.astype(np.float64) @ x.astype(np.float64)\n"
+        "assert np.allclose(out, want, rtol=0, atol=1e-4) and np.abs(out - ref).max() < 1e-4, (out, want)\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
