@@ -133,6 +133,29 @@ def execute_run(job: RunJob) -> dict[str, Any]:
 def _init_pool_worker(threads: int) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(threads)
+    die_with_parent()
+
+
+def die_with_parent() -> bool:
+    """Ask the kernel to SIGTERM this process when its parent exits (Linux ``prctl
+    PR_SET_PDEATHSIG``): a pool worker whose driver was killed (``kill``, a closed
+    terminal, a notebook kernel restart) then stops instead of training on as an orphan
+    (its run has no row yet, so resume redoes it). Returns whether it took effect (False
+    off Linux, where the pool's own shutdown is all there is)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return os.getppid() != 1  # the parent may have died before the call
 
 
 def run_jobs(jobs: Sequence[RunJob], *, workers: int = 1, scheduler: Any = None,

@@ -140,6 +140,11 @@ def _main(argv: list[str] | None = None) -> int:
     tc = TrainConfig.from_dict(json.loads(Path(a.train).read_text(encoding="utf-8")))
     try:
         run_training(mcfg, tc, a.out, progress=True, resume=a.resume)
+        if torch.distributed.is_initialized():
+            # every rank tears the process group down together: a rank that destroyed it and
+            # exited while rank 0 was still writing its results once aborted in gloo's
+            # threads ("terminate called without an active exception", SIGABRT)
+            torch.distributed.barrier()
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -5,6 +5,8 @@ smoke gate with the real trainer on a 2-worker Dask LocalCluster."""
 import json
 import os
 import signal
+import sys
+import time
 
 import pytest
 
@@ -95,3 +97,43 @@ def test_smoke_gate_on_a_two_worker_dask_local_cluster(tmp_path, gate):
     assert len({r["worker"]["pid"] for r in rows}) == 2  # both workers trained
     assert all(r["worker"]["threads"] >= 1 and r["metrics"]["train_tokens"] == 128 for r in rows)
     assert all(r["metrics"]["val_bpb"] > 0 for r in rows)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_pool_workers_stop_when_the_driver_is_killed(tmp_path):
+    """`kill` of a `tern gate run` driver must not leave its pool workers training on as
+    orphans (they did before: two workers kept both cores busy after the driver died)."""
+    import subprocess
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import os, sys, time\n"
+        "import multiprocessing as mp\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from tern.decide.workers import _init_pool_worker\n"
+        "if __name__ == '__main__':\n"
+        "    ex = ProcessPoolExecutor(1, mp_context=mp.get_context('spawn'), initializer=_init_pool_worker,\n"
+        "                             initargs=(1,))\n"
+        "    print(ex.submit(os.getpid).result(), flush=True)\n"
+        "    ex.submit(time.sleep, 120)\n"
+        "    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(proc.stdout.readline())
+        assert _alive(worker)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker), "the pool worker outlived its killed driver"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
