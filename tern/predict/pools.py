@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tern.core.config import ModelConfig, param_counts, tensor_specs
 from tern.core.formats import tensor_bytes
+from tern.kernels.policy import B3_MODES, b3_direct
 from tern.predict.inventory import Work, work_inventory
 
 
@@ -91,19 +92,25 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
     res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes)
-    extra_res, extra_st = engine_extra_bytes(cfg)
+    extra_res, extra_st = engine_extra_bytes(cfg, llc_bytes=llc_bytes)
     return TwoPool(cfg.name, pc.resident.bytes + extra_res, pc.streamed.bytes + extra_st, pc.expert_bytes_total,
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
                    pc.active.params, res_ops, st_ops, res_work, st_work,
                    min(skip_res, pc.resident.bytes), min(skip_st, pc.streamed.bytes))
 
 
-def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct") -> tuple[int, int]:
+def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "auto",
+                       llc_bytes: int | None = None) -> tuple[int, int]:
     """(resident, streamed) bytes per token the engine reads beyond the file's active bytes
     (tern.core.config.param_counts), where tern.run.engine converts at load: int8 routers
     are read as fp32 (routing math is fp32, docs/MODEL.md), base-3 ternary matrices as
-    ternary2, and with ``dense16="expand"`` (the engine's option; default "direct" reads
+    ternary2 unless the engine reads them as stored (``b3``: the engine's option, "auto"
+    resolved with the last-level cache of ``llc_bytes`` as tern.kernels.policy.b3_direct
+    does), and with ``dense16="expand"`` (the engine's option; default "direct" reads
     them as stored) fp16 / bf16 embedding and head rows and routers as fp32."""
+    if b3 not in B3_MODES:
+        raise ValueError(f"b3 must be one of {B3_MODES}, got {b3!r}")
+    b3_stored = b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes))
     expand = dense16 == "expand"
     res = st = 0
     for s in tensor_specs(cfg):
@@ -117,7 +124,7 @@ def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct") -> tuple[int, 
                 res += D * 2  # one row at 4 bytes, not 2
         elif s.group == "router" and (s.format == "int8" or (expand and s.format in ("fp16", "bf16"))):
             res += s.numel * 4 - tensor_bytes(s.format, s.shape)
-        elif s.format == "ternary_b3":
+        elif s.format == "ternary_b3" and not b3_stored:
             grow = tensor_bytes("ternary2", s.shape) - tensor_bytes(s.format, s.shape)
             if s.pool == "streamed":
                 st += round(cfg.top_k / s.shape[0] * grow)

@@ -78,3 +78,26 @@ def test_engine_bytes_count_the_engines_load_time_conversions(tmp_path):
         assert routers_fp32 + fp32_tables <= eng.aux.size < routers_fp32 + fp32_tables + 2 * V * D * 2
         assert np.isfinite(eng.step(1)).all()
         eng.close()
+
+
+def test_engine_bytes_follow_the_engines_b3_choice():
+    """Base-3 matrices read as stored (b3 direct) add nothing; expanded at load they are
+    read as ternary2; "auto" decides as the engine does (weights beyond the LLC and rows of
+    >= 2048 inputs: direct)."""
+    from tern.core.formats import tensor_bytes
+    from tern.kernels.policy import B3_DIRECT_MIN_COLS
+
+    b3 = ModelConfig(name="b3", vocab_size=64, d_model=B3_DIRECT_MIN_COLS, n_layers=1, attn_layers=(0,),
+                     n_heads=16, mlp_hidden=B3_DIRECT_MIN_COLS, activation="silu", mixer_format="ternary_b3",
+                     mlp_format="ternary_b3", embed_format="fp32", head_format="fp32", tie_embeddings=False)
+    base = param_counts(b3).active.bytes
+    grow = sum(tensor_bytes("ternary2", s.shape) - tensor_bytes("ternary_b3", s.shape)
+               for s in tensor_specs(b3) if s.format == "ternary_b3")
+    assert grow > 0
+    assert engine_bytes_per_token(b3, b3="direct") == base
+    assert engine_bytes_per_token(b3, b3="expand") == base + grow
+    assert engine_bytes_per_token(b3, llc_bytes=1 << 20) == base  # auto: 2048-wide rows beyond 1 MiB
+    assert engine_bytes_per_token(b3, llc_bytes=1 << 40) == base + grow  # auto: cache-resident, expanded
+    assert engine_bytes_per_token(b3) == base + grow  # auto, LLC unknown: expanded (the engine's choice too)
+    with pytest.raises(ValueError, match="b3"):
+        engine_bytes_per_token(b3, b3="packed")
