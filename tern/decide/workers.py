@@ -36,7 +36,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,10 @@ def run_jobs(jobs: Sequence[RunJob], *, workers: int = 1, scheduler: Any = None,
         pending = {ex.submit(execute_run, j) for j in jobs}
         try:
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                # FIRST_COMPLETED: each run is reported as it finishes (FIRST_EXCEPTION
+                # returned only when every run had finished, so a gate printed nothing for
+                # the whole of a long run and looked stalled)
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 error = _take(finished, rows, report)
                 if error is not None:  # let the runs already started finish (their rows count)
                     for p in pending:

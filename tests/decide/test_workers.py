@@ -137,3 +137,39 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def waiting_runner(model_cfg, train_cfg, out_dir=None, progress=True):
+    """Seed 0 of arm B waits (up to 30 s) for the marker the driver's on_row writes when
+    another run has been reported; every other run returns at once."""
+    marker = os.environ["TERN_TEST_MARKER"]
+    waited = 0.0
+    if (model_cfg.mlp_format, train_cfg["seed"]) == ("ternary2", 0):
+        t0 = time.monotonic()
+        while not os.path.exists(marker) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        waited = time.monotonic() - t0
+    return {**fake_runner(model_cfg, train_cfg), "waited_s": waited, "saw_marker": os.path.exists(marker)}
+
+
+def test_pool_runs_are_reported_as_they_finish(tmp_path, gate, monkeypatch):
+    """A long run must not hold back the report of the runs that finished before it (the
+    driver waited for all of them, so `tern gate run` printed nothing for 40 minutes)."""
+    from tern.decide.harness import plan_runs
+    from tern.decide.spec import load_gate
+    from tern.decide.workers import RunJob, run_jobs
+
+    marker = tmp_path / "reported"
+    monkeypatch.setenv("TERN_TEST_MARKER", str(marker))  # spawned workers inherit it
+    spec = load_gate(gate)
+    jobs = [RunJob(spec.name, spec.hash, spec.metric, r, str(tmp_path / "reg.jsonl"), waiting_runner)
+            for r in plan_runs(spec, dict)]
+
+    def on_row(row):
+        marker.touch()
+
+    rows = run_jobs(jobs, workers=2, on_row=on_row)
+    slow = [r for r in rows if r["arm"] == "B" and r["seed"] == 0]
+    assert len(rows) == 6 and len(slow) == 1
+    assert slow[0]["metrics"]["saw_marker"] and slow[0]["metrics"]["waited_s"] < 25
+    assert rows[-1] is slow[0]  # reported last: after the runs that finished first
