@@ -64,6 +64,16 @@ class ProbeConfig:
                 raise ValueError(f"kernel size {r} x {c} must be positive")
 
 
+def kernels_of_the_engine() -> tuple[str, ...]:
+    """The kernel-table entries a quick probe times: the engine's default ternary variant
+    (tern.kernels.kernels_ternary.DEFAULT_VARIANT on this CPU) and its int8 / fp32
+    matvecs; the full probe times every registered kernel (the other ternary variants
+    are comparisons, and only the plain roofline reads the table)."""
+    from tern.kernels.kernels_ternary import DEFAULT_VARIANT
+
+    return (f"ternary_{DEFAULT_VARIANT}", "int8_matvec", "fp32_matvec")
+
+
 def default_thread_counts() -> tuple[int, ...]:
     """(1, all CPUs this process may use), or (1,) on a one-CPU machine."""
     from tern.probe.bandwidth import max_threads
@@ -79,8 +89,9 @@ def default_thread_counts() -> tuple[int, ...]:
 def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = None,
                  llc_bytes: int | None = None, kernels: tuple[str, ...] | None = None,
                  sys_root: str = "/sys") -> ProbeConfig:
-    """The quick (< 20 s on a 2-core VM: read kernel only, 2 points per octave, 20 ms
-    runs, up to 4 x LLC) or full (< 3 min: read at 4 points per octave, copy and triad at
+    """The quick (read kernel only, 2 points per octave, 20 ms runs, up to 4 x LLC; the
+    engine's own kernels only in the kernel table: 15.5 s on the 2-core Zen 5 VM with a
+    warm numba cache, ~40 s when an engine change makes numba compile again) or full (< 3 min: read at 4 points per octave, copy and triad at
     2, 100 ms runs, up to max(4 x LLC, 512 MiB)) probe; 3 repeats each, taken in rounds."""
     threads = tuple(thread_counts or default_thread_counts())
     if llc_bytes is None:
@@ -96,7 +107,8 @@ def probe_config(quick: bool = False, thread_counts: tuple[int, ...] | None = No
         t = TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005, max_calibration_s=0.06)
         sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=2, kernels=kernels or ("read",),
                             thread_counts=threads, timing=t)
-        return ProbeConfig(sweep=sweep, kernel_timing=t, quick=True, sys_root=sys_root)
+        return ProbeConfig(sweep=sweep, kernel_names=kernels_of_the_engine(), kernel_timing=t, quick=True,
+                           sys_root=sys_root)
     # read at 4 points per octave; copy and triad at 2 keep the full probe under 3 min
     sweep = SweepConfig(max_ws_bytes=max_ws, points_per_octave=4, stream_points_per_octave=2,
                         kernels=kernels or KERNELS,
@@ -184,7 +196,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
         from tern.probe.curves import measure_op_curves
 
         op_curves = measure_op_curves(sc.thread_counts, quick=config.quick, progress=progress,
-                                      max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024))
+                                      max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024),
+                                      timing=config.kernel_timing if config.quick else None)
     engine_runs = []
     if config.engine_runs and config.op_costs:
         from tern.probe.engine_runs import measure_engine_runs

@@ -463,13 +463,19 @@ def test_probe_configs_quick_and_full(monkeypatch):
     fix = str(FIX / "sys_ryzen5_3600x")  # LLC 2 x 16 MiB
     q = probe.probe_config(quick=True, thread_counts=(1,), sys_root=fix)
     assert q.quick and q.sweep.kernels == ("read",) and q.sweep.points_per_octave == 2
+    from tern.kernels.kernels_ternary import DEFAULT_VARIANT
+    from tern.probe.kernel_table import registered_kernels
+
+    # the quick kernel table: the engine's own kernels, all registered (the full one: None, every kernel)
+    assert q.kernel_names == (f"ternary_{DEFAULT_VARIANT}", "int8_matvec", "fp32_matvec")
+    assert set(q.kernel_names) <= set(registered_kernels())
     assert q.sweep.max_ws_bytes >= 4 * 32 * MIB  # past the last-level cache
     f = probe.probe_config(quick=False, thread_counts=(1,), sys_root=fix)
     assert set(f.sweep.kernels) == {"read", "copy", "triad"} and f.sweep.points_per_octave == 4
     assert len(f.sweep.sizes("read")) == 4 * 17 + 1 and len(f.sweep.sizes("copy")) == 2 * 17 + 1
     assert f.sweep.timing.min_time_s >= 0.1 and f.sweep.timing.repeats >= 3
     assert f.sweep.min_ws_bytes == 4 * KIB and f.sweep.max_ws_bytes >= 512 * MIB
-    assert (1024, 1024) in f.kernel_sizes
+    assert (1024, 1024) in f.kernel_sizes and f.kernel_names is None
     assert probe.default_thread_counts()[0] == 1
 
 
