@@ -26,6 +26,8 @@ activations, so nothing is read past a row or past ``xq`` and nothing is allocat
 
 from __future__ import annotations
 
+import functools
+
 import llvmlite.binding as llvm
 import numba
 from llvmlite import ir
@@ -36,15 +38,13 @@ from numba.extending import intrinsic
 from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
 
 
-def target_features() -> set[str]:
-    """CPU features of the target numba compiles for (``NUMBA_CPU_NAME`` with
-    ``NUMBA_CPU_FEATURES``: only the listed ones; else the host's)."""
-    cfg = numba.config
-    if cfg.CPU_NAME:  # numba compiles for a named CPU: trust only the listed features
-        feats = cfg.CPU_FEATURES or ""
-        return {f[1:] for f in feats.split(",") if f.startswith("+")}
+@functools.cache
+def target_features() -> frozenset[str]:
+    """Features of numba's target CPU (NUMBA_CPU_NAME/FEATURES, else the host's); read once."""
+    if numba.config.CPU_NAME:  # numba compiles for a named CPU: trust only the listed features
+        return frozenset(f[1:] for f in (numba.config.CPU_FEATURES or "").split(",") if f.startswith("+"))
     host = llvm.get_host_cpu_features()
-    return {k for k in host if host[k]}
+    return frozenset(k for k in host if host[k])
 
 
 def _pick_isa(feats: set[str]) -> str:
@@ -426,7 +426,7 @@ skip_chunk = _make_skip_chunk(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", 
 
 # ---- T-MAC-style table lookups (AVX-512 VBMI: vpermi2b, a 128-entry byte table) -------------
 
-HAS_VBMI = "avx512vbmi" in target_features() and "avx512bw" in target_features()
+HAS_VBMI = {"avx512vbmi", "avx512bw"} <= target_features()
 LUT_ROWS = 64  # rows per block: one byte lane per row
 
 

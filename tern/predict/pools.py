@@ -110,10 +110,13 @@ def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "aut
     them as stored) fp16 / bf16 embedding and head rows and routers as fp32."""
     if b3 not in B3_MODES:
         raise ValueError(f"b3 must be one of {B3_MODES}, got {b3!r}")
-    b3_stored = b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes))
     expand = dense16 == "expand"
     res = st = 0
-    for s in tensor_specs(cfg):
+    specs = tensor_specs(cfg)
+    # the engine's b3 choice, decided only for a model that has base-3 matrices
+    b3_stored = any(s.format == "ternary_b3" for s in specs) and (
+        b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes)))
+    for s in specs:
         if s.group in ("embed", "head") and s.format in ("fp16", "bf16") and expand:
             V, D = s.shape
             if s.group == "head":

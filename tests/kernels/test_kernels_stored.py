@@ -12,11 +12,11 @@ from tern.kernels.kernels_stored import (
     DENSE_FP32,
     DENSE_INT8,
     JIT,
+    _f16_to_f32_bits,
     dense_matvec,
     dense_row,
     router_logits,
 )
-from tern.kernels.kernels_stored import _f16_to_f32_bits as _f16_to_f32_bits
 
 SHAPES = [(1, 1), (5, 48), (97, 100), (64, 256), (300, 1000)]
 
