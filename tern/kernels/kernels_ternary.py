@@ -254,33 +254,6 @@ def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out):
 
 
 @numba.njit(cache=True)
-def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
-    """Skip kernel in plain numba (portable): per nonzero input, add its signed weights
-    times xq[c] into int32 accumulators."""
-    cols, rb = packed_t.shape
-    rows = out.shape[0]
-    acc = np.zeros(4 * rb, dtype=np.int32)  # slot order of the ternary2 layout
-    nfull = rows // SEG_COLS
-    gtail = rb - nfull * SEG_BYTES
-    for c in range(cols):
-        qc = np.int32(xq[c])
-        if qc == 0:
-            continue
-        for b in range(nfull + (1 if gtail > 0 else 0)):
-            g = SEG_BYTES if b < nfull else gtail
-            b0 = b * SEG_BYTES
-            a0 = b * SEG_COLS
-            for j in range(g):
-                p = np.int32(packed_t[c, b0 + j])
-                acc[a0 + j] += ((p & 3) - 1) * qc
-                acc[a0 + g + j] += (((p >> 2) & 3) - 1) * qc
-                acc[a0 + 2 * g + j] += (((p >> 4) & 3) - 1) * qc
-                acc[a0 + 3 * g + j] += (((p >> 6) & 3) - 1) * qc
-    for d in range(rows):
-        out[d] = row_scale[d] * x_scale * np.float32(acc[d])
-
-
-@numba.njit(cache=True)
 def skip_groups(xq):
     """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32, qsum int32)``;
     qq packs the 4 activation bytes of a group (padding entries: row 0 with activation 0)."""
@@ -300,6 +273,33 @@ def skip_groups(xq):
             qsum = np.int32(qsum + xq[c])
             i += 1
     return idx, qb.view(np.int32), qsum
+
+
+@numba.njit(cache=True)
+def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
+    """Skip kernel in plain numba (portable): nonzero inputs 4 at a time (skip_groups), per
+    segment and 2-bit slot one contiguous loop LLVM vectorises (SSE / NEON). Measured on Zen 5
+    compiling for Nehalem, 25 % nonzero, 512 x 2048: 28.8 us against 116.7 for the earlier
+    per-input scalar form and 64 for the dense row pass (benchmarks/op_breakdown.py: 1.2x)."""
+    rows, rb = out.shape[0], packed_t.shape[1]
+    idx, qq, qsum = skip_groups(xq)
+    qb = qq.view(np.int8)  # (4 * ng,) the group's activations, padding entries 0
+    acc = np.zeros(4 * rb, dtype=np.int32)  # slot order of the ternary2 layout
+    nfull = rows // SEG_COLS
+    gtail = rb - nfull * SEG_BYTES
+    for i in range(0, idx.shape[0], 4):
+        p0, p1, p2, p3 = packed_t[idx[i]], packed_t[idx[i + 1]], packed_t[idx[i + 2]], packed_t[idx[i + 3]]
+        q0, q1, q2, q3 = np.int32(qb[i]), np.int32(qb[i + 1]), np.int32(qb[i + 2]), np.int32(qb[i + 3])
+        for b in range(nfull + (1 if gtail > 0 else 0)):
+            g, b0 = (SEG_BYTES if b < nfull else gtail), b * SEG_BYTES
+            for k in range(4):
+                sh = 2 * k
+                a = acc[b * SEG_COLS + k * g: b * SEG_COLS + (k + 1) * g]  # (g,) outputs of slot k
+                for j in range(g):
+                    a[j] += ((((np.int32(p0[b0 + j]) >> sh) & 3) * q0 + ((np.int32(p1[b0 + j]) >> sh) & 3) * q1)
+                             + (((np.int32(p2[b0 + j]) >> sh) & 3) * q2 + ((np.int32(p3[b0 + j]) >> sh) & 3) * q3))
+    for d in range(rows):
+        out[d] = row_scale[d] * x_scale * np.float32(np.int32(acc[d] - qsum))
 
 
 @numba.njit(cache=True, inline="always")
