@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     from tern.core.host_profile import HostProfile
     from tern.measure.sweep import BUDGETS, ensure_model
     from tern.measure.utilisation import decode_utilisation
+    from tern.probe.bandwidth import read_reference
     from tern.run.engine import Engine
 
     res = Path(args.results)
@@ -365,11 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         for t in args.threads:
             cfg, rows = compare_engines(path, args.compare, t, args.tokens, args.repeats, args.warmup)
             pc = param_counts(cfg)
+            now = read_reference(pc.total.bytes, t)  # the read rate right after the runs
             for row in rows:
                 row.update({**run_metadata(threads=t), "benchmark": "engine_ab", "model": str(path),
                             "tokens": args.tokens, "repeats": args.repeats, "warmup": args.warmup,
                             "active_bytes": pc.active.bytes})
-                row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host))
+                row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host, now))
                 append_jsonl(res / "bench" / "engine_ab.jsonl", row)
                 print(json.dumps({"threads": t, "variant": row["variant"], "tok_per_s": round(row["tok_per_s"], 2),
                                   "spread_rel": round(row["step_s"]["spread_rel"], 3),
@@ -377,20 +379,24 @@ def main(argv: list[str] | None = None) -> int:
                                   "identical_logits": row["identical_logits"], "load_s": round(row["load_s"], 2),
                                   **{k: round(v / 2**20) for k, v in row["weights_mapping"].items()},
                                   "gbps_end_to_end": row["gbps_end_to_end"],
-                                  "bandwidth_fraction": row["bandwidth_fraction"]}), flush=True)
+                                  "bandwidth_fraction": row["bandwidth_fraction"],
+                                  "fraction_of_read_now": round(row["bandwidth_fraction_same_run"], 3)}), flush=True)
         return 0
     for t in args.threads:
         eng = Engine(path, threads=t)
         b = breakdown(eng, args.tokens, args.repeats, args.warmup)
         pc = param_counts(eng.cfg)
+        now = read_reference(pc.total.bytes, t)  # the read rate right after the runs
         row = {**run_metadata(threads=t), "benchmark": "op_breakdown", "model": str(path),
                "config": eng.cfg.to_dict(), "engine": eng.describe(), "active_bytes": pc.active.bytes,
                "total_bytes": pc.total.bytes, "tokens": args.tokens, "repeats": args.repeats,
                "warmup": args.warmup, "tok_per_s": 1.0 / b["step_s"]["median"], **b}
-        row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host))
+        row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host, now))
         append_jsonl(res / "bench" / "op_breakdown.jsonl", row)
         print(json.dumps({"threads": t, "tok_per_s": row["tok_per_s"], "step_ms": b["step_s"]["median"] * 1e3,
                           "gbps_end_to_end": row["gbps_end_to_end"], "bandwidth_fraction": row["bandwidth_fraction"],
+                          "read_now_gbps": row["read_same_run"]["gbps_median"],
+                          "fraction_of_read_now": row["bandwidth_fraction_same_run"],
                           "python_ms": b["python_s"] * 1e3, "timer_overhead_ms": b["timer_overhead_s"] * 1e3,
                           "ms_per_token": {c: round(v * 1e3, 4) for c, v in b["s_per_token"].items() if v},
                           "share": {c: round(v, 4) for c, v in b["share_of_step"].items() if v}}))

@@ -40,6 +40,7 @@ from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
+from tern.probe.bandwidth import read_reference
 
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
@@ -56,6 +57,8 @@ JSON_FIELDS = """\
       active_params, bytes_per_token, working_set_bytes, engine_bytes_per_token (tern),
       tok_per_s (median), tok_per_s_min, tok_per_s_max, spread_rel, samples_tok_per_s,
       gbps_end_to_end, read_gbps_at_ws, bandwidth_fraction, bandwidth_note,
+      read_same_run {gbps_median, gbps_min, gbps_best, working_set_bytes, threads, repeats},
+      bandwidth_fraction_same_run (of read_same_run's median),
       host_activity {foreign_cpu_frac, steal_frac: shares of all CPUs' time meanwhile (Linux)},
       gguf {body, n_kv_heads} and llama_cpp {binary, build_commit, build_number, label} (llama.cpp),
       host, cpu, versions, git_commit, timestamp}]"""
@@ -183,18 +186,19 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats
 
 MeasureTern = Callable[[Path, SweepPoint], dict[str, Any]]
 MeasureLlama = Callable[[Path, Path, int, int, int], dict[str, Any]]
+ReadNow = Callable[[int, int], dict[str, Any]]  # (working_set_bytes, threads) -> read_reference's dict
 _SUMMARY = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "spread_rel", "repeats", "samples_tok_per_s",
             "host_activity")
 BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
 
 
 def _row(shape: PeerShape, engine: str, path: Path, threads: int, m: dict[str, Any], counts: dict[str, int],
-         host: HostProfile | None, meta: dict[str, Any]) -> dict[str, Any]:
+         host: HostProfile | None, meta: dict[str, Any], read_now: dict[str, Any] | None = None) -> dict[str, Any]:
     row = {"kind": "peers", "engine": engine, "shape": shape.name, "dims": shape.dims,
            "config": shape.cfg.to_dict(), "model_file": str(path), "file_bytes": path.stat().st_size,
            **counts, **{k: m[k] for k in _SUMMARY if k in m}, **meta, "threads": threads}
     row.update(decode_utilisation(row["tok_per_s"], counts["bytes_per_token"], counts["working_set_bytes"],
-                                  threads, host))
+                                  threads, host, read_now))
     return row
 
 
@@ -246,9 +250,12 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               tokens: int = 64, repeats: int = 3, warmup: int = 16, body: str = "TQ2_0",
               llama_bench: Path | None = None, llama_label: str | None = None,
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
-              measure_llama: MeasureLlama | None = None, progress: bool = True) -> dict[str, Any]:
+              measure_llama: MeasureLlama | None = None, progress: bool = True,
+              read_now: ReadNow | None = read_reference) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
-    ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``."""
+    ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
+    ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
+    before each engine's run: the rows' ``bandwidth_fraction_same_run``."""
     from tern.core.paths import results_dir
 
     if not threads or any(not isinstance(t, int) or t < 1 for t in threads):
@@ -271,14 +278,18 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
         for t in threads:
             base = {"run_id": run_id, "tokens": tokens, "warmup": warmup}
             _log(progress, f"peers {shape.name}: tern, {t} thread(s)")
+            counts = tern_counts(shape.cfg)
+            ref = read_now(counts["working_set_bytes"], t) if read_now else None
             m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens, repeats,
                                                               warmup))
-            rows.append(_row(shape, "tern", tern_path, t, m, tern_counts(shape.cfg), host,
-                             {**run_metadata(t), **base, "engine_settings": m.get("engine")}))
+            rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
+                             {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
             if gguf is None:
                 continue
             _log(progress, f"peers {shape.name}: llama.cpp, {t} thread(s)")
+            counts = llama_counts(shape, body)
+            ref = read_now(counts["working_set_bytes"], t) if read_now else None
             try:
                 lm = _measured(measure_llama, llama_bench, gguf, t, tokens, repeats)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:  # the other rows still count
@@ -288,9 +299,9 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             lc = {"binary": str(llama_bench), "build_commit": lm.get("build_commit"),
                   "build_number": lm.get("build_number"), "label": llama_label,
                   "model_size": lm.get("model_size"), "command": lm.get("command")}
-            rows.append(_row(shape, "llama.cpp", gguf, t, lm, llama_counts(shape, body), host,
+            rows.append(_row(shape, "llama.cpp", gguf, t, lm, counts, host,
                              {**run_metadata(t), **base, "llama_cpp": lc,
-                              "gguf": {"body": body, "n_kv_heads": shape.n_kv_heads or shape.cfg.n_heads}}))
+                              "gguf": {"body": body, "n_kv_heads": shape.n_kv_heads or shape.cfg.n_heads}}, ref))
             append_jsonl(records, rows[-1])
     return {"bench": "peers", "records": str(records), "llama_bench": str(llama_bench) if llama_bench else None,
             "note": note, "host": host.label if host else None, "rows": rows, "errors": errors}
@@ -324,7 +335,8 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
         cell = e["by_threads"].setdefault(r["threads"], {})
         cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
-                     "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel")}
+                     "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
+                     "fraction_now": r.get("bandwidth_fraction_same_run")}
     for e in out.values():
         for cell in e["by_threads"].values():
             if "tern" in cell and "llama" in cell:
@@ -338,9 +350,11 @@ _TEXT_TABLES = (
     ("tok/s (median of repeats)",
      (("llama", "llama", "tok_per_s", 9, ".1f"), ("tern", "tern", "tok_per_s", 8, ".1f"),
       ("ratio", None, "tern_over_llama", 5, ".2f"))),
-    ("GB/s end to end (bytes per token x tok/s) and fraction of the probe's read bandwidth",
+    ("GB/s end to end (bytes per token x tok/s), fraction of the probe's read bandwidth and of the read "
+     "rate timed right before the run (now)",
      (("GB/s llama", "llama", "gbps", 10, ".2f"), ("tern", "tern", "gbps", 6, ".2f"),
-      ("frac llama", "llama", "fraction", 10, ".2f"), ("tern", "tern", "fraction", 5, ".2f"))),
+      ("frac llama", "llama", "fraction", 10, ".2f"), ("tern", "tern", "fraction", 5, ".2f"),
+      ("now llama", "llama", "fraction_now", 9, ".2f"), ("tern", "tern", "fraction_now", 5, ".2f"))),
 )
 
 
@@ -397,6 +411,8 @@ def cli_configure_peers(p: Any) -> None:
     p.add_argument("--llama-label", default=None,
                    help="recorded with llama.cpp rows (e.g. its source when the build reports commit 'unknown')")
     p.add_argument("--no-llama", action="store_true", help="measure tern alone")
+    p.add_argument("--no-read-reference", action="store_true",
+                   help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
     p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json)")
 
@@ -417,7 +433,7 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
               file=sys.stderr)
     res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
                     warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
-                    host=host)
+                    host=host, read_now=None if args.no_read_reference else read_reference)
     if args.no_llama:
         res["note"] = "llama.cpp not measured (--no-llama)"
     return res

@@ -26,9 +26,13 @@ NO_PROFILE = "no host profile (run `tern probe`): bandwidth fraction not compute
 
 
 def decode_utilisation(tok_per_s: float, bytes_per_token: float, working_set_bytes: float,
-                       threads: int, host: HostProfile | None) -> dict[str, Any]:
+                       threads: int, host: HostProfile | None,
+                       read_now: dict[str, Any] | None = None) -> dict[str, Any]:
     """{gbps_end_to_end, read_gbps_at_ws, bandwidth_fraction, bandwidth_note}: GB/s are
-    1e9 B/s; the fraction and read rate are None (with a note) without a host profile."""
+    1e9 B/s; the fraction and read rate are None (with a note) without a host profile.
+    ``read_now`` (tern.probe.bandwidth.read_reference, timed beside the decode) adds
+    {read_same_run, bandwidth_fraction_same_run}: the fraction of the read rate at that
+    moment, which a host whose memory speed drifts does not blur."""
     for name, v in (("tok_per_s", tok_per_s), ("bytes_per_token", bytes_per_token),
                     ("working_set_bytes", working_set_bytes)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -45,6 +49,11 @@ def decode_utilisation(tok_per_s: float, bytes_per_token: float, working_set_byt
                                   f"{threads} thread(s)")
     elif host is not None:
         out["bandwidth_note"] = f"host profile {host.label!r} has no read-bandwidth curve"
+    if read_now is not None:
+        read = read_now.get("gbps_median")
+        if not (isinstance(read, (int, float)) and math.isfinite(read) and read > 0):
+            raise ValueError(f"read_now needs a positive gbps_median, got {read!r}")
+        out.update(read_same_run=dict(read_now), bandwidth_fraction_same_run=gbps / read)
     return out
 
 

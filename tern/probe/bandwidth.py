@@ -396,3 +396,24 @@ def format_bytes(n: float) -> str:
             v = n / size
             return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+# ---- the same-run read reference of a decode benchmark ------------------------------------
+
+READ_REFERENCE_MAX_BYTES = 1 << 30  # past a few LLCs the read rate is flat (DRAM)
+
+
+def read_reference(working_set_bytes: int, threads: int, repeats: int = 5,
+                   min_time_s: float = 0.05) -> dict[str, float | int]:
+    """The read kernel's GB/s (1e9 B/s) now, over ``working_set_bytes`` (capped at
+    READ_REFERENCE_MAX_BYTES) on ``threads`` threads: {gbps_median, gbps_min, gbps_best,
+    working_set_bytes, threads, repeats}. A decode benchmark times it right beside the
+    decode, so its bandwidth fraction is not at the mercy of a host whose memory speed
+    drifts between the probe and the run (this VM kind's DRAM rate moves by 20-40 %)."""
+    if not (isinstance(working_set_bytes, (int, np.integer)) and working_set_bytes >= 4 * KIB):
+        raise ValueError(f"working_set_bytes must be an integer >= 4 KiB, got {working_set_bytes!r}")
+    ws = int(min(working_set_bytes, READ_REFERENCE_MAX_BYTES))
+    point, _ = measure_point("read", ws, check_threads(threads), SweepBuffers(ws),
+                             TimingConfig(min_time_s=min_time_s, repeats=repeats))
+    return {"gbps_median": point.gbps_median, "gbps_min": point.gbps_min, "gbps_best": point.gbps_best,
+            "working_set_bytes": point.working_set_bytes, "threads": int(threads), "repeats": point.repeats}

@@ -29,7 +29,10 @@ from tern.measure.peers import (  # noqa: E402
     tern_counts,
 )
 from tern.measure.plots_peers import peers_rows, plot_peers, plot_utilisation  # noqa: E402
+from tern.measure.utilisation import decode_utilisation  # noqa: E402
 from tern.predict.roofline import synthetic_profile  # noqa: E402
+from tern.probe import bandwidth  # noqa: E402
+from tern.probe.bandwidth import read_reference  # noqa: E402
 
 TINY = PeerShape("tiny", dense_shape("tiny", 256, 2, 256, 256, 4))
 ROW_KEYS = {"kind", "run_id", "engine", "shape", "dims", "config", "model_file", "file_bytes", "threads",
@@ -98,9 +101,21 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     exe, log = fake_llama
     assert find_llama_bench() == exe
     host = synthetic_profile(llc_bytes=1 << 20, cache_gbps=100.0, dram_gbps=20.0, threads=1)
+    reads = []
+
+    def read_now(ws, threads):  # the read reference, timed before each engine's run
+        reads.append((ws, threads))
+        return {"gbps_median": 50.0 * threads, "gbps_min": 40.0, "gbps_best": 60.0, "working_set_bytes": ws,
+                "threads": threads, "repeats": 3}
+
     res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=64, repeats=3, warmup=4, llama_bench=exe,
-                    llama_label="test build", host=host, measure_tern=fake_tern, progress=False)
+                    llama_label="test build", host=host, measure_tern=fake_tern, progress=False, read_now=read_now)
     rows = res["rows"]
+    assert [t for _, t in reads] == [1, 1, 2, 2] and reads[0][0] == rows[0]["working_set_bytes"]
+    assert reads[1][0] == rows[1]["working_set_bytes"]  # llama.cpp's own file size
+    for r in rows:
+        assert r["read_same_run"]["threads"] == r["threads"]
+        assert r["bandwidth_fraction_same_run"] == pytest.approx(r["gbps_end_to_end"] / (50.0 * r["threads"]))
     assert [(r["engine"], r["threads"]) for r in rows] == [("tern", 1), ("llama.cpp", 1), ("tern", 2), ("llama.cpp", 2)]
     assert read_jsonl(tmp_path / "res" / "bench" / "peers.jsonl") == rows
     assert len({r["run_id"] for r in rows}) == 1 and res["note"] == "" and res["errors"] == []
@@ -124,7 +139,8 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     table = peers_table(rows)
     assert table[0]["by_threads"][1]["tern_over_llama"] == pytest.approx(200.0 / 110.0)
     text = render_peers(res)
-    assert "tiny" in text and "1.82" in text
+    assert "tiny" in text and "1.82" in text and "now llama" in text
+    assert table[0]["by_threads"][2]["tern"]["fraction_now"] == rows[2]["bandwidth_fraction_same_run"]
     assert len(peers_rows(tmp_path / "res")) == 4
     fig = plot_peers(rows, host)
     assert len(fig.axes) == 2 and fig.axes[0].get_ylabel().startswith("tok/s")
@@ -141,8 +157,9 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
 
 def test_tern_alone_without_llama_or_profile(tmp_path):
     res = run_peers([TINY, SHAPES["sandbox"]], [1], tmp_path, tokens=8, repeats=1, warmup=0,
-                    measure_tern=fake_tern, progress=False)
+                    measure_tern=fake_tern, progress=False, read_now=None)
     assert {r["engine"] for r in res["rows"]} == {"tern"} and len(res["rows"]) == 2
+    assert all("bandwidth_fraction_same_run" not in r for r in res["rows"])
     assert res["note"] == HOW_TO_GET_LLAMA and "benchmarks/README.md" in res["note"]
     assert all(r["bandwidth_fraction"] is None and "tern probe" in r["bandwidth_note"] for r in res["rows"])
     assert not list((tmp_path / "models" / "peers").glob("*.gguf"))  # no GGUF without llama.cpp
@@ -150,6 +167,18 @@ def test_tern_alone_without_llama_or_profile(tmp_path):
         run_peers([TINY], [1], tmp_path, tokens=0)
     with pytest.raises(ValueError, match="threads"):
         run_peers([TINY], [0], tmp_path)
+
+
+def test_read_reference_times_the_read_kernel_now(monkeypatch):
+    r = read_reference(64 * 1024, 1, repeats=2, min_time_s=0.005)
+    assert r["threads"] == 1 and r["repeats"] == 2 and 0 < r["working_set_bytes"] <= 64 * 1024
+    assert 0 < r["gbps_min"] <= r["gbps_median"] <= r["gbps_best"]
+    monkeypatch.setattr(bandwidth, "READ_REFERENCE_MAX_BYTES", 32 * 1024)  # the cap, without a 1 GiB buffer
+    assert read_reference(1 << 40, 1, repeats=1, min_time_s=0.001)["working_set_bytes"] <= 32 * 1024
+    with pytest.raises(ValueError, match="working_set_bytes"):
+        read_reference(100, 1)
+    with pytest.raises(ValueError, match="gbps_median"):
+        decode_utilisation(10.0, 1e6, 1e6, 1, None, {"gbps_median": 0.0})
 
 
 def test_host_activity_counts_what_others_used():
