@@ -83,16 +83,7 @@ def _gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, 
     ops.bitlinear(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g)
     ops.bitlinear(buf, aux, G, ua, usa, H, D, xq, xs, xd, u)
     t = _lap(t, acc, C_GATEUP)
-    act = G[ops.G_ACT]
-    zero = np.float32(0.0)
-    for j in range(H):
-        if act == ops.ACT_DRELU:
-            g[j] = max(g[j], zero) * max(u[j], zero)
-        elif act == ops.ACT_RELU2:
-            r = max(g[j], zero)
-            g[j] = (r * r) * u[j]
-        else:
-            g[j] = ops.silu(g[j]) * u[j]
+    ops.gated_act(G[ops.G_ACT], g, u, H)
     t = _lap(t, acc, C_ACT)
     hs = ops.quant(G, g[:H], hq, hd, eps)
     t = _lap(t, acc, C_QUANT)

@@ -357,6 +357,25 @@ def down_bytes(G, D, H):
     return mat_bytes(G, D, H)
 
 
+@numba.njit(**JIT)
+def gated_act(act, g, u, H):
+    """g[:H] = act(g, u) in place (dReLU, ReLU^2 or SiLU gating), one loop per activation and
+    the JIT flags so LLVM vectorises it: SiLU over 5,632 units 27.7 -> 1.9 us on AMD EPYC Zen 5
+    (the loop with the activation tested per unit, in a caller without the flags, stayed scalar:
+    18 % of a 5.6M model's token)."""
+    zero = np.float32(0.0)
+    if act == ACT_DRELU:
+        for j in range(H):
+            g[j] = max(g[j], zero) * max(u[j], zero)
+    elif act == ACT_RELU2:
+        for j in range(H):
+            r = max(g[j], zero)
+            g[j] = (r * r) * u[j]
+    else:
+        for j in range(H):
+            g[j] = silu(g[j]) * u[j]
+
+
 @numba.njit(cache=True)
 def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out):
     """out (D,) = down(act(gate(x), up(x))) for one expert whose input is already quantized
@@ -364,16 +383,7 @@ def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, h
     D = G[G_D]
     bitlinear(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g)
     bitlinear(buf, aux, G, ua, usa, H, D, xq, xs, xd, u)
-    act = G[G_ACT]
-    zero = np.float32(0.0)
-    for j in range(H):
-        if act == ACT_DRELU:
-            g[j] = max(g[j], zero) * max(u[j], zero)
-        elif act == ACT_RELU2:
-            r = max(g[j], zero)
-            g[j] = (r * r) * u[j]
-        else:
-            g[j] = silu(g[j]) * u[j]
+    gated_act(G[G_ACT], g, u, H)
     hs = quant_hidden(G, g[:H], hq, hd, eps)
     down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out)
 
