@@ -3,9 +3,59 @@ threads. The engine applies it; the predictor reads it to price the same choice.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
 from tern.core.config import ModelConfig, param_counts
 
-PAR_MIN_WEIGHTS = 1 << 20  # with threads > 1 the engine splits matrices of at least this many weights
+# With threads > 1 the engine splits matrices of at least PAR_MIN_WEIGHTS weights over the
+# threads (and runs a token's chosen experts expert-parallel from that many weights of them).
+# Same-run A/B at 2 threads on AMD EPYC Zen 5 (benchmarks/op_breakdown.py --compare
+# par_min_weights=1048576 par_min_weights=65536, 64 tokens x 5, twice, quiet machine), tok/s:
+# peers 28m 3,761 -> 4,541 / 4,608 (1.21x), 86m 1,369 / 1,432 -> 1,571 / 1,578, 5.6m
+# 9,924 / 9,841 -> 10,373 / 10,125, sandbox MoE 7,522 / 7,472 -> 8,172 / 8,244; the 4m sweep
+# models 2-4 % slower (12,785 -> 12,542; 10,667 -> 10,219), 30m-e64-k4 even. It was 1 << 20
+# until session 8: LEGACY_POLICY.
+PAR_MIN_WEIGHTS = 1 << 16
+# The activation-skip kernel splits its outputs in work items of 2 x 256 outputs
+# (tern.kernels.kernels_ternary.SKIP_PAR_SEGS segments): with no more outputs than one item
+# holds a parallel region only costs; the engine then runs it on one thread.
+SKIP_SPLIT_MIN_OUTPUTS = 2 * 256 + 1
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """The thresholds of the engine's thread splitting, recorded with every measurement
+    (host profiles, sweep rows) so that a prediction of a row prices what the engine that
+    measured it did: ``par_min_weights`` (:data:`PAR_MIN_WEIGHTS`) and
+    ``skip_split_min_outputs`` (:data:`SKIP_SPLIT_MIN_OUTPUTS`)."""
+
+    par_min_weights: int = PAR_MIN_WEIGHTS
+    skip_split_min_outputs: int = SKIP_SPLIT_MIN_OUTPUTS
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"EnginePolicy.{f.name} must be an integer >= 0, got {v!r}")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any] | None) -> EnginePolicy:
+        """The policy a row or profile host block was measured under: its ``engine_policy``,
+        else :data:`LEGACY_POLICY` (records from before the policy was recorded)."""
+        d = (record or {}).get("engine_policy")
+        if d is None:
+            return LEGACY_POLICY
+        if not isinstance(d, dict) or set(d) - {f.name for f in fields(cls)}:
+            raise ValueError(f"engine_policy must be a dict of {[f.name for f in fields(cls)]}, got {d!r}")
+        return cls(**d)
+
+
+CURRENT_POLICY = EnginePolicy()
+LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20, skip_split_min_outputs=0)
 
 
 # Ternary matrices whose pool comes from DRAM and whose packed rows hold STREAM_MIN_ROW_BYTES

@@ -31,13 +31,14 @@ from tern.core.host_profile import HostProfile
 from tern.core.host_queries import effective_llc_bytes
 from tern.core.paths import repo_root
 from tern.core.records import atomic_write_json, read_jsonl, run_metadata
+from tern.kernels.policy import EnginePolicy
 from tern.predict.roofline import predict
 
 TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within"
 REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
 ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "repeats", "warmup",
             "tok_per_s", "tok_per_s_min", "tok_per_s_max", "samples_tok_per_s", "hot_bytes", "active_bytes",
-            "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions")
+            "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions", "engine_policy")
 
 
 def hosts_root() -> Path | None:
@@ -115,13 +116,14 @@ def uncalibrated(profile: HostProfile) -> HostProfile:
 
 def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: HostProfile,
               calibrated: bool = False) -> list[dict[str, Any]]:
-    """Every measured row predicted again from ``profile`` (probe only unless ``calibrated``):
-    name, family, threads, measured and predicted tok/s, ratio, region, hot bytes."""
+    """Every measured row predicted again from ``profile`` (probe only unless ``calibrated``),
+    with the engine policy the row was measured under (EnginePolicy.of_record): name, family,
+    threads, measured and predicted tok/s, ratio, region, hot bytes."""
     host = profile if calibrated else uncalibrated(profile)
     out = []
     for r in rows:
         cfg = ModelConfig.from_dict(r["config"])
-        p = predict(cfg, host, int(r["threads"]))
+        p = predict(cfg, host, int(r["threads"]), engine_policy=EnginePolicy.of_record(r))  # as it was measured
         llc = effective_llc_bytes(host, int(r["threads"]))
         out.append({"name": r["name"], "family": r.get("family"), "threads": int(r["threads"]),
                     "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,

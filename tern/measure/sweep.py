@@ -29,9 +29,10 @@ from typing import Any
 from tern.core.config import ModelConfig, param_counts
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
+from tern.kernels.policy import CURRENT_POLICY
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
-MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
+MEASURE_VERSION = 4  # 4: threads split from 64K weights (rows record engine_policy); 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
 
 JSON_FIELDS = """\
   records: path of the JSONL file; host: host profile label
@@ -221,6 +222,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
             **{k: m[k] for k in ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "repeats",
                                  "samples_tok_per_s", "peak_rss_bytes") if k in m},
             **predicted(p.config, host, p.threads), "host_label": host.label,
+            "engine_policy": CURRENT_POLICY.to_dict(),  # what the measuring engine split over threads
             "measure_wall_s": time.perf_counter() - t0, **run_metadata(p.threads),
         }
         row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]

@@ -25,9 +25,10 @@ from tern.core.config import ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
 from tern.kernels.policy import (
-    PAR_MIN_WEIGHTS,
+    CURRENT_POLICY,
     SEGMENT_COLS,
     STREAM_MAX_ROW_BYTES,
+    EnginePolicy,
     act_skip_applies,
     stream_row_bytes,
 )
@@ -44,8 +45,8 @@ class WorkKey:
     """One engine operation as the engine runs it at threads > 1.
 
     ``split``: ``"serial"`` — one thread runs it whatever the thread count; ``"rows"`` — the
-    engine splits the matrix's rows over the threads (matrices of >= PAR_MIN_WEIGHTS
-    weights), so it is costed at the thread count; ``"experts"`` — a token's ``experts``
+    engine splits the matrix's rows over the threads (matrices of >= the policy's
+    par_min_weights weights), so it is costed at the thread count; ``"experts"`` — a token's ``experts``
     chosen routed experts run expert-parallel, each on one thread with the single-thread
     kernels (tern.kernels.ops.experts_parallel): costed at 1 thread and divided by
     ``experts / ceil(experts / threads)``. Printed as ``op``, ``op@par`` or ``op@ep<k>``."""
@@ -122,51 +123,59 @@ def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
 
 
-def _key(op: str, weights: int, ep: int = 0) -> WorkKey:
+def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY, outputs: int = 0) -> WorkKey:
     """The key of an op: expert-parallel over ``ep`` chosen experts (ep > 0), else split over
-    threads when the engine splits a matrix of that many weights."""
+    threads when the engine splits a matrix of that many weights (``policy``; the skip
+    kernel also needs more than one work item of ``outputs``)."""
     if ep:
         return WorkKey(op, "experts", ep)
-    return WorkKey(op, "rows") if weights >= PAR_MIN_WEIGHTS else WorkKey(op)
+    split = weights >= policy.par_min_weights and weights > 0
+    if op == "ternary_skip":
+        split = split and outputs >= policy.skip_split_min_outputs
+    return WorkKey(op, "rows") if split else WorkKey(op)
 
 
-def experts_parallel(cfg: ModelConfig) -> int:
+def experts_parallel(cfg: ModelConfig, policy: EnginePolicy = CURRENT_POLICY) -> int:
     """k when the engine runs a token's k chosen experts expert-parallel with threads > 1
-    (the rule of tern.kernels.ops.experts_parallel: k >= 2 and at least PAR_MIN_WEIGHTS
-    weights of chosen experts per layer), else 0."""
+    (the rule of tern.kernels.ops.experts_parallel: k >= 2 and at least
+    ``policy.par_min_weights`` weights of chosen experts per layer), else 0."""
     k = cfg.top_k
-    return k if k >= 2 and 3 * k * cfg.expert_hidden * cfg.d_model >= PAR_MIN_WEIGHTS else 0
+    return k if k >= 2 and 3 * k * cfg.expert_hidden * cfg.d_model >= policy.par_min_weights else 0
 
 
-def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0) -> None:
+def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0,
+            policy: EnginePolicy = CURRENT_POLICY, serial: bool = False) -> None:
     tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
-    _add(work, _key(_matvec_op(fmt, cols, stream_rb), rows * cols, ep), n, n * rows, n * rows * cols, tails)
+    _add(work, _key(_matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy),
+         n, n * rows, n * rows * cols, tails)
 
 
 def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, stream_rb: int = 0,
-               ep: int = 0) -> float:
+               ep: int = 0, policy: EnginePolicy = CURRENT_POLICY) -> float:
     """``n`` experts (or MLPs) of ``hidden`` units (``ep``: run expert-parallel, see
     :func:`experts_parallel`); returns the down-projection bytes the activation skip
     leaves unread. The engine's default runs the skip kernel only for activations with exact
     zeros (tern.kernels.policy.act_skip_applies); a SiLU down projection is a row matvec."""
     D = cfg.d_model
-    _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep)  # gate and up
+    _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep, policy)  # gate and up
     _add(work, _key("vector", 0, ep), n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
     if f.ternary and act_skip_applies(cfg.activation):
         tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
-        _add(work, _key("ternary_skip", hidden * D, ep), n, n * D, n * rho * hidden * D, tails)  # rows: the D outputs
+        _add(work, _key("ternary_skip", hidden * D, ep, policy, outputs=D), n, n * D, n * rho * hidden * D,
+             tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
-    _matvec(work, fmt, D, hidden, n, stream_rb, ep)
+    _matvec(work, fmt, D, hidden, n, stream_rb, ep, policy)
     return 0.0
 
 
-def work_inventory(cfg: ModelConfig, context: int | None = None,
-                   llc_bytes: int | None = None) -> WorkInventory:
+def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None,
+                   policy: EnginePolicy = CURRENT_POLICY) -> WorkInventory:
     """(resident work, streamed work, resident bytes skipped, streamed bytes skipped) of one
     token at ``context`` cached attention positions (None: a full window); ``llc_bytes``
-    decides which matrices the engine streams (:func:`stream_row_bytes`)."""
+    decides which matrices the engine streams (:func:`stream_row_bytes`), ``policy`` which
+    it splits over threads."""
     ctx = cfg.attn_window if context is None else context
     D, Di, N, R = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank_eff
     srb, srb_routed = stream_row_bytes(cfg, llc_bytes)
@@ -177,31 +186,31 @@ def work_inventory(cfg: ModelConfig, context: int | None = None,
     for layer in range(cfg.n_layers):
         _add(res, "vector", 1, 0, D)  # RMSNorm + quantization of the mixer input
         if cfg.mixer(layer) == "ssm":
-            _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb)  # in_proj
+            _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb, policy=policy)  # in_proj
             _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
-            _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb)  # x_proj
+            _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb, policy=policy)  # x_proj
             _add(res, "ssm_step", 1, Di * R, Di * N, Di)  # dt projection (Di x R) + scan (Di x N) + channels
-            _matvec(res, cfg.mixer_format, D, Di, 1, srb)  # out_proj
+            _matvec(res, cfg.mixer_format, D, Di, 1, srb, policy=policy)  # out_proj
         else:
-            _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb)  # q, k, v
+            _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb, policy=policy)  # q, k, v
             pos = min(ctx, cfg.attn_window)
             _add(res, "attention", 1, 0, pos * D, pos * cfg.n_heads)  # units: position x d_model; tails: x heads
             _add(res, "vector", 1, 0, D)
-            _matvec(res, cfg.mixer_format, D, D, 1, srb)  # out
+            _matvec(res, cfg.mixer_format, D, D, 1, srb, policy=policy)  # out
         if cfg.is_moe(layer):
             _add(res, "vector", 1, 0, D)
             if cfg.n_shared:
-                skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb)
-            _matvec(res, "fp32", cfg.n_experts, D)  # router logits (fp32 math)
+                skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb, policy=policy)
+            _matvec(res, "fp32", cfg.n_experts, D, serial=True)  # router logits (fp32 math, one thread)
             _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
             skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
-                                  experts_parallel(cfg))
+                                  experts_parallel(cfg, policy), policy)
         elif cfg.mlp_hidden:
             _add(res, "vector", 1, 0, D)
-            skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1, srb)
+            skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1, srb, policy=policy)
     _add(res, "vector", 1, 0, D)  # final norm
     head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
-    _matvec(res, head_fmt, cfg.vocab_size, D)
+    _matvec(res, head_fmt, cfg.vocab_size, D, policy=policy)
     return WorkInventory(res, st, skip_res, skip_st)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tern.core.config import ModelConfig, param_counts, tensor_specs
 from tern.core.formats import tensor_bytes
-from tern.kernels.policy import B3_MODES, b3_direct
+from tern.kernels.policy import B3_MODES, CURRENT_POLICY, EnginePolicy, b3_direct
 from tern.predict.inventory import Work, work_inventory
 
 
@@ -61,10 +61,12 @@ class TwoPool:
         return self.resident_bytes + self.expert_bytes_total + self.state_bytes + self.kv_bytes
 
 
-def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None) -> TwoPool:
+def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None,
+             engine_policy: EnginePolicy = CURRENT_POLICY) -> TwoPool:
     """The pools of ``cfg`` at ``context`` positions of attention cache (None: a full
     window, the steady state of a long generation); ``llc_bytes`` (see
-    :func:`engine_llc_bytes`) decides which matrices the engine streams. Counts come from
+    :func:`engine_llc_bytes`) decides which matrices the engine streams, ``engine_policy``
+    which it splits over threads (a measured row's own: EnginePolicy.of_record). Counts come from
     :func:`tern.core.config.param_counts`; ops count 2 per weight read (multiply-add), plus
     the SSM scan (~6 fp32 ops per state element) and attention over the window."""
     if context is None:
@@ -91,7 +93,7 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
     add("fp32", 2.0 * (g.get("mixer_aux", 0) + g.get("norm", 0))
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
-    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes)
+    res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes, engine_policy)
     extra_res, extra_st = engine_extra_bytes(cfg, llc_bytes=llc_bytes)
     return TwoPool(cfg.name, pc.resident.bytes + extra_res, pc.streamed.bytes + extra_st, pc.expert_bytes_total,
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,

@@ -97,6 +97,7 @@ from tern.core.host_queries import (
     llc_capacity_bytes,
     memory_roof,
 )
+from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
 from tern.predict.inventory import (
     curve_stall,
     parallel_byte_share,
@@ -184,7 +185,8 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     factors = []
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
-        p = predict_pools(two_pool(cfg, cfg.attn_window, engine_llc_bytes(host)), host, t, _engine=(0.0, 1.0))
+        pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host), EnginePolicy.of_record(host.host))
+        p = predict_pools(pools, host, t, _engine=(0.0, 1.0))  # the probe's runs: the profile's engine
         compute = p.resident.compute_s + p.streamed.compute_s
         stall = p.resident.stall_s + p.streamed.stall_s
         if compute > 0:
@@ -280,16 +282,18 @@ def with_format(cfg: ModelConfig, fmt: str) -> ModelConfig:
 
 
 def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int | None = None,
-            fmt: str | None = None, policy: str = "reuse") -> Prediction:
+            fmt: str | None = None, policy: str = "reuse",
+            engine_policy: EnginePolicy = CURRENT_POLICY) -> Prediction:
     """Predicted batch-1 decode tok/s of ``cfg`` on ``host`` with a per-pool breakdown.
 
     ``context``: attention positions cached (None: a full window). ``fmt``: override the
     format of every linear layer (see :func:`with_format`). ``policy``: "reuse" or "whole"
-    working sets (module docstring)."""
+    working sets (module docstring). ``engine_policy``: the engine's thread splitting
+    (default today's; a measured row's own to re-predict it: EnginePolicy.of_record)."""
     if fmt is not None:
         cfg = with_format(cfg, fmt)
     ctx = cfg.attn_window if context is None else context
-    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host)), host, threads, policy, ctx)
+    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host), engine_policy), host, threads, policy, ctx)
 
 
 # ---- sweeps (the data behind the plots and the explorer) -----------------------------------

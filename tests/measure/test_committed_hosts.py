@@ -144,3 +144,19 @@ def test_save_host_keeps_measurements_not_predictions(tmp_path):
     assert back[0].profile == h.profile
     with pytest.raises(ValueError):
         save_host("../escape", hosts_root() / h.label / "host_profile.json", src, root=tmp_path)
+
+
+def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
+    """A row without ``engine_policy`` was measured by an engine that split matrices only from
+    1M weights (tern.kernels.policy.LEGACY_POLICY); today's engine splits from 64K. The same
+    2-thread row re-predicts differently under the two, and as the row says."""
+    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY
+
+    host = next(h for h in HOSTS if h.label == "amd-epyc-zen5")
+    row = next(r for r in host.rows if r["name"] == "sweep-4m-e1" and int(r["threads"]) == 2)
+    assert "engine_policy" not in row
+    legacy = repredict([row], host.profile)[0]["predicted_tok_per_s"]
+    assert repredict([{**row, "engine_policy": LEGACY_POLICY.to_dict()}], host.profile)[0][
+        "predicted_tok_per_s"] == legacy
+    now = repredict([{**row, "engine_policy": CURRENT_POLICY.to_dict()}], host.profile)[0]["predicted_tok_per_s"]
+    assert abs(now / legacy - 1) > 0.01, (now, legacy)

@@ -6,6 +6,7 @@ import pytest
 
 from tern.core.config import load_config, param_counts
 from tern.core.host_profile import OpCost
+from tern.kernels.policy import LEGACY_POLICY
 from tern.measure.sweep import solve_efficiency
 from tern.predict.inventory import HIDDEN_DENSITY, PAR_SUFFIX, WorkKey, work_inventory, work_seconds
 from tern.predict.pools import two_pool
@@ -50,8 +51,30 @@ def test_large_matrices_are_costed_parallel():
     cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)
     res, _, _, _ = work_inventory(cfg)
     assert any(k.split == "rows" and str(k).endswith(PAR_SUFFIX) for k in res)
+    # the sandbox's matrices (64K-256K weights) split from 64K weights on, not under the
+    # 1M rule its older measurements were taken with
     small, _, _, _ = work_inventory(load_config("sandbox"))
-    assert not any(k == WorkKey("ternary_matvec", "rows") for k in small)
+    assert WorkKey("ternary_matvec", "rows") in small
+    legacy, _, _, _ = work_inventory(load_config("sandbox"), policy=LEGACY_POLICY)
+    assert not any(k == WorkKey("ternary_matvec", "rows") for k in legacy)
+    tiny, _, _, _ = work_inventory(load_config("sandbox").replace(d_model=64, n_heads=2, vocab_size=256))
+    assert not any(k.split == "rows" for k in tiny)
+
+
+def test_router_is_serial_and_the_skip_splits_only_with_two_work_items():
+    from tern.kernels import kernels_ternary
+    from tern.kernels.policy import SKIP_SPLIT_MIN_OUTPUTS, EnginePolicy
+
+    assert SKIP_SPLIT_MIN_OUTPUTS == kernels_ternary.SKIP_PAR_SEGS * kernels_ternary.SEG_COLS + 1
+    wide = load_config("30m").replace(n_experts=512, top_k=1)  # router 512 x d_model: over 64K weights
+    res, _, _, _ = work_inventory(wide, policy=EnginePolicy(par_min_weights=0))
+    n_moe = sum(map(wide.is_moe, range(wide.n_layers)))  # the engine's router_logits is one loop:
+    assert res[WorkKey("fp32_matvec")].units == n_moe * 512 * wide.d_model  # serial even when all else splits
+    dense = load_config("sandbox").replace(moe_layers=(), mlp_hidden=4096, d_model=512, n_heads=4)
+    for d, split in ((512, False), (1024, True)):  # outputs of the down projection: 2 or 4 segments
+        res, _, _, _ = work_inventory(dense.replace(d_model=d))
+        assert (WorkKey("ternary_skip", "rows") in res) is split, d
+        assert (WorkKey("ternary_skip") in res) is not split, d
 
 
 def test_attention_work_follows_context():
@@ -197,7 +220,8 @@ def test_stream_cost_falls_back_to_the_matvec_cost():
 
 
 def test_inventory_counts_rows_with_a_partial_segment():
-    res, _, _, _ = work_inventory(load_config("105m"))  # d_model 384: 256 + a 128-column tail
+    # d_model 384: 256 + a 128-column tail (the serial keys of the 1M rule hold every matrix)
+    res, _, _, _ = work_inventory(load_config("105m"), policy=LEGACY_POLICY)
     t = res[WorkKey("ternary_matvec")]
     assert 0 < t.tails < t.rows  # in_proj rows (cols 384) have tails; out_proj rows (cols 768) do not
     res, _, _, _ = work_inventory(load_config("sandbox"))  # d_model 256, d_inner 512: none
@@ -208,8 +232,8 @@ def test_inventory_counts_rows_with_a_partial_segment():
 def test_serial_bytes_stream_at_one_threads_bandwidth():
     from tern.predict.inventory import parallel_byte_share
 
-    small = load_config("sandbox")  # no matrix reaches PAR_MIN_WEIGHTS: all serial
-    res, _, _, _ = work_inventory(small)
+    small = load_config("sandbox")  # under the legacy 1M rule no matrix is split: all serial
+    res, _, _, _ = work_inventory(small, policy=LEGACY_POLICY)
     assert parallel_byte_share(res, 2) == 0.0 and parallel_byte_share(res, 1) == 1.0
     big = load_config("30m").replace(d_model=2048, n_heads=8)
     res_b, _, _, _ = work_inventory(big)
@@ -219,8 +243,10 @@ def test_serial_bytes_stream_at_one_threads_bandwidth():
     one = synthetic_profile(1 << 20, 100.0, 20.0, threads=1)
     two = synthetic_profile(1 << 20, 200.0, 40.0, threads=2)
     host = dataclasses.replace(one, bandwidth=one.bandwidth + two.bandwidth, op_costs=_costs())
-    p1, p2 = predict(small, host, threads=1), predict(small, host, threads=2)
+    p1 = predict(small, host, threads=1, engine_policy=LEGACY_POLICY)
+    p2 = predict(small, host, threads=2, engine_policy=LEGACY_POLICY)
     assert p2.resident.stall_s == pytest.approx(p1.resident.stall_s)
+    assert predict(small, host, threads=2).resident.stall_s < p1.resident.stall_s  # today's policy splits
 
 
 def test_the_pools_count_the_bytes_the_engine_reads_not_the_file_s():
