@@ -44,7 +44,6 @@ from tern.kernels.kernels_ternary import (
     ternary_matvec_stream,
     ternary_matvec_stream_par,
 )
-from tern.kernels.policy import SKIP_SPLIT_MIN_OUTPUTS
 from tern.kernels.quant import quantize_act
 
 # ---- table columns ----------------------------------------------------------------------
@@ -343,7 +342,7 @@ def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
     if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
         rb = (D + 3) // 4
         P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
-        if par(G, D * H) and D >= SKIP_SPLIT_MIN_OUTPUTS:  # else one work item: no split
+        if par(G, D * H):
             ternary_matvec_skip_par(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
         else:
             ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
@@ -663,6 +662,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 # ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
-_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py",
-         "prefetch.py", "policy.py")
+_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py")
 drop_stale_cache(__file__, _DEPS, token_step)

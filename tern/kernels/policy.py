@@ -10,28 +10,25 @@ from tern.core.config import ModelConfig, param_counts
 
 # With threads > 1 the engine splits matrices of at least PAR_MIN_WEIGHTS weights over the
 # threads (and runs a token's chosen experts expert-parallel from that many weights of them).
-# Same-run A/B at 2 threads on AMD EPYC Zen 5 (benchmarks/op_breakdown.py --compare
-# par_min_weights=1048576 par_min_weights=65536, 64 tokens x 5, twice, quiet machine), tok/s:
-# peers 28m 3,761 -> 4,541 / 4,608 (1.21x), 86m 1,369 / 1,432 -> 1,571 / 1,578, 5.6m
-# 9,924 / 9,841 -> 10,373 / 10,125, sandbox MoE 7,522 / 7,472 -> 8,172 / 8,244; the 4m sweep
-# models 2-4 % slower (12,785 -> 12,542; 10,667 -> 10,219), 30m-e64-k4 even. It was 1 << 20
-# until session 8: LEGACY_POLICY.
-PAR_MIN_WEIGHTS = 1 << 16
-# The activation-skip kernel splits its outputs in work items of 2 x 256 outputs
-# (tern.kernels.kernels_ternary.SKIP_PAR_SEGS segments): with no more outputs than one item
-# holds a parallel region only costs; the engine then runs it on one thread.
-SKIP_SPLIT_MIN_OUTPUTS = 2 * 256 + 1
+# Tried at 64K (session 8, AMD EPYC Zen 5): same-run A/B at 2 threads with tokens back to back
+# (benchmarks/op_breakdown.py --compare par_min_weights=1048576 par_min_weights=65536, quiet
+# machine, twice) peers 28m 3,761 -> 4,541 / 4,608 tok/s, 86m 1,369 / 1,432 -> 1,571 / 1,578,
+# sandbox 7,522 / 7,472 -> 8,172 / 8,244, but the 4m sweep models 2-4 % slower, and the
+# probe's own engine runs (d_model 256 / 384, tern.probe.engine_runs) 1.5-1.8x slower at 2
+# threads (138.6 / 172.7 us per token against 89.6 / 96.9 at 1): every small matrix became a
+# parallel region whose worker may have gone to sleep since the last. Kept at 1M until a
+# persistent per-token region replaces the per-matrix ones.
+PAR_MIN_WEIGHTS = 1 << 20
 
 
 @dataclass(frozen=True)
 class EnginePolicy:
-    """The thresholds of the engine's thread splitting, recorded with every measurement
-    (host profiles, sweep rows) so that a prediction of a row prices what the engine that
-    measured it did: ``par_min_weights`` (:data:`PAR_MIN_WEIGHTS`) and
-    ``skip_split_min_outputs`` (:data:`SKIP_SPLIT_MIN_OUTPUTS`)."""
+    """The engine's thread-splitting threshold, recorded with every measurement (host
+    profiles, sweep rows) so that a prediction of a row prices what the engine that measured
+    it did, whatever the engine does by the time the row is predicted again:
+    ``par_min_weights`` (:data:`PAR_MIN_WEIGHTS`)."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
-    skip_split_min_outputs: int = SKIP_SPLIT_MIN_OUTPUTS
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,7 +52,7 @@ class EnginePolicy:
 
 
 CURRENT_POLICY = EnginePolicy()
-LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20, skip_split_min_outputs=0)
+LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 
 
 # Ternary matrices whose pool comes from DRAM and whose packed rows hold STREAM_MIN_ROW_BYTES

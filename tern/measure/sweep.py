@@ -32,7 +32,7 @@ from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import CURRENT_POLICY
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
-MEASURE_VERSION = 4  # 4: threads split from 64K weights (rows record engine_policy); 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
+MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
 
 JSON_FIELDS = """\
   records: path of the JSONL file; host: host profile label

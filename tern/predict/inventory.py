@@ -123,16 +123,12 @@ def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
 
 
-def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY, outputs: int = 0) -> WorkKey:
+def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY) -> WorkKey:
     """The key of an op: expert-parallel over ``ep`` chosen experts (ep > 0), else split over
-    threads when the engine splits a matrix of that many weights (``policy``; the skip
-    kernel also needs more than one work item of ``outputs``)."""
+    threads when the engine (``policy``) splits a matrix of that many weights."""
     if ep:
         return WorkKey(op, "experts", ep)
-    split = weights >= policy.par_min_weights and weights > 0
-    if op == "ternary_skip":
-        split = split and outputs >= policy.skip_split_min_outputs
-    return WorkKey(op, "rows") if split else WorkKey(op)
+    return WorkKey(op, "rows") if 0 < weights and weights >= policy.par_min_weights else WorkKey(op)
 
 
 def experts_parallel(cfg: ModelConfig, policy: EnginePolicy = CURRENT_POLICY) -> int:
@@ -163,7 +159,7 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
     f = get_format(fmt)
     if f.ternary and act_skip_applies(cfg.activation):
         tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
-        _add(work, _key("ternary_skip", hidden * D, ep, policy, outputs=D), n, n * D, n * rho * hidden * D,
+        _add(work, _key("ternary_skip", hidden * D, ep, policy), n, n * D, n * rho * hidden * D,
              tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n, stream_rb, ep, policy)

@@ -60,7 +60,7 @@ CURVE_SHAPES = {
     "int8_matvec": (512, 512),
     "fp32_matvec": (256, 256),
 }
-PAR_CURVE_SHAPES = {  # 1M weights: a matrix the engine splits at every PAR_MIN_WEIGHTS it has had
+PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
     "ternary_matvec": (1024, 1024),
     "ternary_stream": (256, 4096),
     "ternary_skip": (1024, 1024),

@@ -59,14 +59,12 @@ _MATVEC_SHAPES = {
     "int8": ((64, 256), (512, 256), (1024, 256), (256, 1024), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (256, 512), (128, 1024)),
 }
-# parallel variants: the engine splits only matrices of >= PAR_MIN_WEIGHTS (64K) weights; the
-# last shapes of each family (256K-786K weights: the matrices of 5-90M models) fit the cost of
-# a parallel region at the small end
+# parallel variants: the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
 _PAR_SHAPES = {
     "ternary": ((1024, 1024), (2048, 1024), (1024, 2048), (4096, 1024), (512, 4096), (8192, 2048), (2048, 8192),
-                (4096, 384), (2048, 640), (1536, 512), (768, 768), (2048, 256), (1024, 256)),
-    "int8": ((1024, 1024), (2048, 512), (512, 2048), (1024, 256), (512, 512)),
-    "fp32": ((1024, 1024), (512, 2048), (1024, 256), (512, 256)),
+                (4096, 384), (2048, 640)),
+    "int8": ((1024, 1024), (2048, 512), (512, 2048)),
+    "fp32": ((1024, 1024), (512, 2048)),
 }
 _QUICK_SHAPES = {
     "ternary": ((32, 256), (1024, 256), (128, 4096), (1536, 384)),

@@ -44,12 +44,13 @@ def test_copy_weights_needs_the_file_to_fit_in_half_the_available_memory():
 def test_engine_policy_is_read_from_records():
     from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, PAR_MIN_WEIGHTS, EnginePolicy
 
-    assert CURRENT_POLICY.par_min_weights == PAR_MIN_WEIGHTS < LEGACY_POLICY.par_min_weights == 1 << 20
+    assert CURRENT_POLICY.par_min_weights == PAR_MIN_WEIGHTS == LEGACY_POLICY.par_min_weights == 1 << 20
     assert EnginePolicy.of_record(None) == EnginePolicy.of_record({"tok_per_s": 1.0}) == LEGACY_POLICY
     assert EnginePolicy.of_record({"engine_policy": CURRENT_POLICY.to_dict()}) == CURRENT_POLICY
     with pytest.raises(ValueError, match="engine_policy"):
         EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1, "colour": 2}})
     with pytest.raises(ValueError, match="par_min_weights"):
         EnginePolicy(par_min_weights=-1)
-    with pytest.raises(ValueError, match="skip_split_min_outputs"):
-        EnginePolicy.of_record({"engine_policy": {"skip_split_min_outputs": 1.5}})
+    with pytest.raises(ValueError, match="par_min_weights"):
+        EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1.5}})
+    assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 65536}}).par_min_weights == 65536

@@ -147,10 +147,10 @@ def test_save_host_keeps_measurements_not_predictions(tmp_path):
 
 
 def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
-    """A row without ``engine_policy`` was measured by an engine that split matrices only from
-    1M weights (tern.kernels.policy.LEGACY_POLICY); today's engine splits from 64K. The same
-    2-thread row re-predicts differently under the two, and as the row says."""
-    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY
+    """A row without ``engine_policy`` was measured by an engine that split matrices from 1M
+    weights (tern.kernels.policy.LEGACY_POLICY); a row measured by an engine that split from
+    64K says so, and re-predicts as that engine ran."""
+    from tern.kernels.policy import LEGACY_POLICY, EnginePolicy
 
     host = next(h for h in HOSTS if h.label == "amd-epyc-zen5")
     row = next(r for r in host.rows if r["name"] == "sweep-4m-e1" and int(r["threads"]) == 2)
@@ -158,5 +158,6 @@ def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
     legacy = repredict([row], host.profile)[0]["predicted_tok_per_s"]
     assert repredict([{**row, "engine_policy": LEGACY_POLICY.to_dict()}], host.profile)[0][
         "predicted_tok_per_s"] == legacy
-    now = repredict([{**row, "engine_policy": CURRENT_POLICY.to_dict()}], host.profile)[0]["predicted_tok_per_s"]
+    low = {**row, "engine_policy": EnginePolicy(par_min_weights=1 << 16).to_dict()}
+    now = repredict([low], host.profile)[0]["predicted_tok_per_s"]
     assert abs(now / legacy - 1) > 0.01, (now, legacy)

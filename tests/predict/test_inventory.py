@@ -6,7 +6,7 @@ import pytest
 
 from tern.core.config import load_config, param_counts
 from tern.core.host_profile import OpCost
-from tern.kernels.policy import LEGACY_POLICY
+from tern.kernels.policy import LEGACY_POLICY, EnginePolicy
 from tern.measure.sweep import solve_efficiency
 from tern.predict.inventory import HIDDEN_DENSITY, PAR_SUFFIX, WorkKey, work_inventory, work_seconds
 from tern.predict.pools import two_pool
@@ -51,30 +51,22 @@ def test_large_matrices_are_costed_parallel():
     cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)
     res, _, _, _ = work_inventory(cfg)
     assert any(k.split == "rows" and str(k).endswith(PAR_SUFFIX) for k in res)
-    # the sandbox's matrices (64K-256K weights) split from 64K weights on, not under the
-    # 1M rule its older measurements were taken with
+    # the sandbox's matrices (64K-256K weights) stay serial under the 1M rule; a policy
+    # that splits from 64K weights splits them
     small, _, _, _ = work_inventory(load_config("sandbox"))
-    assert WorkKey("ternary_matvec", "rows") in small
-    legacy, _, _, _ = work_inventory(load_config("sandbox"), policy=LEGACY_POLICY)
-    assert not any(k == WorkKey("ternary_matvec", "rows") for k in legacy)
-    tiny, _, _, _ = work_inventory(load_config("sandbox").replace(d_model=64, n_heads=2, vocab_size=256))
+    assert not any(k == WorkKey("ternary_matvec", "rows") for k in small)
+    low, _, _, _ = work_inventory(load_config("sandbox"), policy=EnginePolicy(par_min_weights=1 << 16))
+    assert WorkKey("ternary_matvec", "rows") in low
+    tiny, _, _, _ = work_inventory(load_config("sandbox").replace(d_model=64, n_heads=2, vocab_size=256),
+                                   policy=EnginePolicy(par_min_weights=1 << 16))
     assert not any(k.split == "rows" for k in tiny)
 
 
-def test_router_is_serial_and_the_skip_splits_only_with_two_work_items():
-    from tern.kernels import kernels_ternary
-    from tern.kernels.policy import SKIP_SPLIT_MIN_OUTPUTS, EnginePolicy
-
-    assert SKIP_SPLIT_MIN_OUTPUTS == kernels_ternary.SKIP_PAR_SEGS * kernels_ternary.SEG_COLS + 1
-    wide = load_config("30m").replace(n_experts=512, top_k=1)  # router 512 x d_model: over 64K weights
+def test_router_is_priced_serial_as_the_engine_runs_it():
+    wide = load_config("30m").replace(n_experts=512, top_k=1)  # router 512 x d_model
     res, _, _, _ = work_inventory(wide, policy=EnginePolicy(par_min_weights=0))
     n_moe = sum(map(wide.is_moe, range(wide.n_layers)))  # the engine's router_logits is one loop:
     assert res[WorkKey("fp32_matvec")].units == n_moe * 512 * wide.d_model  # serial even when all else splits
-    dense = load_config("sandbox").replace(moe_layers=(), mlp_hidden=4096, d_model=512, n_heads=4)
-    for d, split in ((512, False), (1024, True)):  # outputs of the down projection: 2 or 4 segments
-        res, _, _, _ = work_inventory(dense.replace(d_model=d))
-        assert (WorkKey("ternary_skip", "rows") in res) is split, d
-        assert (WorkKey("ternary_skip") in res) is not split, d
 
 
 def test_attention_work_follows_context():
@@ -246,7 +238,8 @@ def test_serial_bytes_stream_at_one_threads_bandwidth():
     p1 = predict(small, host, threads=1, engine_policy=LEGACY_POLICY)
     p2 = predict(small, host, threads=2, engine_policy=LEGACY_POLICY)
     assert p2.resident.stall_s == pytest.approx(p1.resident.stall_s)
-    assert predict(small, host, threads=2).resident.stall_s < p1.resident.stall_s  # today's policy splits
+    low = EnginePolicy(par_min_weights=1 << 16)  # a policy that splits the sandbox's matrices
+    assert predict(small, host, threads=2, engine_policy=low).resident.stall_s < p1.resident.stall_s
 
 
 def test_the_pools_count_the_bytes_the_engine_reads_not_the_file_s():
