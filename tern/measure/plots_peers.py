@@ -80,29 +80,36 @@ def plot_utilisation(rows: list[dict[str, Any]], host: HostProfile) -> Figure:
     """Fraction of the probe's read bandwidth each decode row attains (bytes per token x
     tok/s / read GB/s at its working set; tern.measure.utilisation.row_utilisation) against
     the working set (MB, log), for rows of any decode benchmark (peers, sweep, dram_model):
-    one colour per benchmark / engine, one line style per thread count."""
+    one colour per benchmark / engine, one line style per thread count. Rows that timed the
+    read kernel beside their run (``bandwidth_fraction_same_run``) add that fraction as
+    crosses on a dotted line ("read timed beside the run"): on a host whose memory speed
+    drifts, the one to read."""
     from tern.measure.utilisation import row_utilisation
 
-    pts: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    pts: dict[tuple[str, int, bool], list[tuple[float, float]]] = {}
     for r in rows:
         u = row_utilisation(r, host)
+        ws = r.get("working_set_bytes", r.get("total_bytes"))
         if u["bandwidth_fraction"] is not None:
-            ws = r.get("working_set_bytes", r.get("total_bytes"))
-            pts.setdefault(_series(r), []).append((ws / 1e6, u["bandwidth_fraction"]))
+            pts.setdefault((*_series(r), False), []).append((ws / 1e6, u["bandwidth_fraction"]))
+        if r.get("bandwidth_fraction_same_run") is not None:
+            pts.setdefault((*_series(r), True), []).append((ws / 1e6, r["bandwidth_fraction_same_run"]))
     if not pts:
         raise ValueError("no decode rows with a bandwidth fraction to plot (needs a host profile "
                          "with a read-bandwidth curve)")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    names = sorted({n for n, _ in pts})
-    threads = sorted({t for _, t in pts})
-    for (name, t), xy in sorted(pts.items()):
+    names = sorted({n for n, _, _ in pts})
+    threads = sorted({t for _, t, _ in pts})
+    for (name, t, now), xy in sorted(pts.items()):
         xy.sort()
-        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", color=f"C{names.index(name) % 10}",
-                ls=THREAD_LINES[threads.index(t) % len(THREAD_LINES)], label=f"{name}, {t} thread(s)")
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="x" if now else "o",
+                color=f"C{names.index(name) % 10}", lw=0.8 if now else 1.5,
+                ls=":" if now else THREAD_LINES[threads.index(t) % len(THREAD_LINES)],
+                label=f"{name}, {t} thread(s)" + (", read timed beside the run" if now else ""))
     ax.axhline(1.0, color="grey", lw=1)
     ax.axhline(0.8, color="grey", lw=1, ls="--")
     ax.text(ax.get_xlim()[0], 0.8, " 80 %", va="bottom", fontsize=7, color="grey")
-    ax.set(xscale="log", xlabel="working set (MB)", ylabel="fraction of the probe's read bandwidth",
+    ax.set(xscale="log", xlabel="working set (MB)", ylabel="fraction of the read bandwidth",
            title="bandwidth utilisation, end to end")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

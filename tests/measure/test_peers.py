@@ -148,11 +148,20 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
              "active_bytes": 1e9, "total_bytes": 2e9}
     ax = plot_utilisation(rows + [sweep], host).axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    now = ", read timed beside the run"
     assert set(lines) == {"peers tern, 1 thread(s)", "peers tern, 2 thread(s)", "peers llama.cpp, 1 thread(s)",
-                          "peers llama.cpp, 2 thread(s)", "sweep fixed_active 30m, 1 thread(s)"}
+                          "peers llama.cpp, 2 thread(s)", "sweep fixed_active 30m, 1 thread(s)",
+                          "peers tern, 1 thread(s)" + now, "peers tern, 2 thread(s)" + now,
+                          "peers llama.cpp, 1 thread(s)" + now, "peers llama.cpp, 2 thread(s)" + now}
+    assert list(lines["peers tern, 2 thread(s)" + now].get_ydata()) == [
+        pytest.approx(rows[2]["bandwidth_fraction_same_run"])]
     assert list(lines["sweep fixed_active 30m, 1 thread(s)"].get_ydata()) == [pytest.approx(0.5)]  # 10 of 20 GB/s
+    bare = dataclasses.replace(host, bandwidth=())
     with pytest.raises(ValueError, match="host profile"):
-        plot_utilisation(rows, dataclasses.replace(host, bandwidth=()))
+        plot_utilisation([{k: v for k, v in r.items() if k != "bandwidth_fraction_same_run"} for r in rows], bare)
+    only_now = plot_utilisation(rows, bare).axes[0]  # the fractions timed beside the runs need no profile
+    labels = [ln.get_label() for ln in only_now.get_lines() if not ln.get_label().startswith("_")]
+    assert len(labels) == 4 and all(lb.endswith(now) for lb in labels)
 
 
 def test_tern_alone_without_llama_or_profile(tmp_path):
