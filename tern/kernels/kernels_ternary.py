@@ -280,7 +280,7 @@ def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
     """Skip kernel in plain numba (portable): nonzero inputs 4 at a time (skip_groups), per
     segment and 2-bit slot one contiguous loop LLVM vectorises (SSE / NEON). Measured on Zen 5
     compiling for Nehalem, 25 % nonzero, 512 x 2048: 28.8 us against 116.7 for the earlier
-    per-input scalar form and 64 for the dense row pass (benchmarks/op_breakdown.py: 1.2x)."""
+    per-input scalar form and 64 for the dense row pass (the engine's sweep models ~1.2x faster)."""
     rows, rb = out.shape[0], packed_t.shape[1]
     idx, qq, qsum = skip_groups(xq)
     qb = qq.view(np.int8)  # (4 * ng,) the group's activations, padding entries 0

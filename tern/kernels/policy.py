@@ -42,13 +42,14 @@ class EnginePolicy:
     @classmethod
     def of_record(cls, record: dict[str, Any] | None) -> EnginePolicy:
         """The policy a row or profile host block was measured under: its ``engine_policy``,
-        else :data:`LEGACY_POLICY` (records from before the policy was recorded)."""
+        else :data:`LEGACY_POLICY` (records from before the policy was recorded); a field the
+        record lacks (added to the policy after it was written) takes its legacy value."""
         d = (record or {}).get("engine_policy")
         if d is None:
             return LEGACY_POLICY
         if not isinstance(d, dict) or set(d) - {f.name for f in fields(cls)}:
             raise ValueError(f"engine_policy must be a dict of {[f.name for f in fields(cls)]}, got {d!r}")
-        return cls(**d)
+        return cls(**{**LEGACY_POLICY.to_dict(), **d})
 
 
 CURRENT_POLICY = EnginePolicy()

@@ -54,3 +54,4 @@ def test_engine_policy_is_read_from_records():
     with pytest.raises(ValueError, match="par_min_weights"):
         EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1.5}})
     assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 65536}}).par_min_weights == 65536
+    assert EnginePolicy.of_record({"engine_policy": {}}) == LEGACY_POLICY  # missing fields: legacy values
