@@ -68,3 +68,24 @@ def test_breakdown_accounts_for_the_token(ob, model):
     assert b["cycles_per_second"] > 1e8
     with pytest.raises(ValueError, match="moe_skip"):
         ob.breakdown(Engine(model, moe_skip=False), tokens=1, repeats=1)
+
+
+def test_main_writes_breakdown_and_ab_rows(ob, model, tmp_path, capsys):
+    """The command line: one breakdown row and two A/B rows, each with the read rate timed
+    beside the run (no host profile in this results folder: no profile fraction)."""
+    import json
+
+    from tern.core.records import read_jsonl
+
+    common = ["--results", str(tmp_path), "--model", str(model), "--threads", "1", "--tokens", "4",
+              "--repeats", "1", "--warmup", "1"]
+    assert ob.main(common) == 0
+    (row,) = read_jsonl(tmp_path / "bench" / "op_breakdown.jsonl")
+    assert row["benchmark"] == "op_breakdown" and row["tok_per_s"] > 0 and row["bandwidth_fraction"] is None
+    assert row["read_same_run"]["gbps_median"] > 0
+    assert row["bandwidth_fraction_same_run"] == pytest.approx(row["gbps_end_to_end"] / row["read_same_run"]["gbps_median"])
+    assert ob.main([*common, "--compare", "act_skip=False", "fused=False"]) == 0
+    ab = read_jsonl(tmp_path / "bench" / "engine_ab.jsonl")
+    assert [r["variant"] for r in ab] == ["act_skip=False", "fused=False"] and all(r["identical_logits"] for r in ab)
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [p["variant"] for p in printed if "variant" in p] == ["act_skip=False", "fused=False"]
