@@ -183,10 +183,10 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     mine = [r for r in runs if r.threads == t]
     overhead = statistics.median(max(0.0, r.step_s - r.loop_s) for r in mine)
     factors = []
+    llc, measured_by = engine_llc_bytes(host), EnginePolicy.of_record(host.host)  # the probe's runs: its engine
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
-        pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host), EnginePolicy.of_record(host.host))
-        p = predict_pools(pools, host, t, _engine=(0.0, 1.0))  # the probe's runs: the profile's engine
+        p = predict_pools(two_pool(cfg, cfg.attn_window, llc, measured_by), host, t, _engine=(0.0, 1.0))
         compute = p.resident.compute_s + p.streamed.compute_s
         stall = p.resident.stall_s + p.streamed.stall_s
         if compute > 0:
