@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from tern.measure.frontier import JSON_FIELDS as FRONTIER_FIELDS
+from tern.measure.hosts import drift_summary, drift_text
 from tern.measure.ladder import render_ladder, run_ladder
 from tern.measure.peers import JSON_FIELDS as PEERS_FIELDS
 from tern.measure.peers import cli_configure_peers, cli_run_peers, render_peers
 from tern.measure.sweep import (
+    FULL_TIMING,
     accuracy,
     calibrate,
     default_points,
@@ -22,6 +24,7 @@ from tern.measure.sweep import (
     render_rows,
     run_sweep,
 )
+from tern.probe.bandwidth import read_reference
 
 
 def _configure_ladder(p: argparse.ArgumentParser) -> None:
@@ -89,6 +92,8 @@ def cli_configure_sweep(p: Any) -> None:
     p.add_argument("--no-calibrate", action="store_true",
                    help="use the profile's calibration as is (default: measure it first)")
     p.add_argument("--pair", action="store_true", help="also measure the 105m / 206m presets")
+    p.add_argument("--no-read-reference", action="store_true",
+                   help="do not time the host's read rate before each point (its drift from the probe)")
 
 
 def cli_run_sweep(args: Any) -> dict[str, Any]:
@@ -106,9 +111,9 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
         host.save(out / "host_profile_calibrated.json")
     pts = default_points(quick=args.quick, threads=threads)
     if args.pair:
-        pts += preset_points(threads=threads, tokens=16 if args.quick else 64)
+        pts += preset_points(threads=threads, **({"tokens": 16} if args.quick else {"tokens": 64, **FULL_TIMING}))
     records = out / "bench" / "sweep.jsonl"
-    rows = run_sweep(pts, records, out / "models", host)
+    rows = run_sweep(pts, records, out / "models", host, read_now=None if args.no_read_reference else read_reference)
     return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
             "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
             "pair": pair_summary(rows)}
@@ -120,6 +125,9 @@ def cli_render_sweep(r: dict[str, Any]) -> str:
              f"calibration: {r['calibration']}",
              f"accuracy: {acc.get('n')} points, median measured/predicted {acc.get('median_ratio', 0):.3f}, "
              f"worst {acc.get('worst_ratio', 0):.3f}, within ±25 %: {acc.get('within_25pct', 0):.0%}"]
+    drift = drift_text(drift_summary([r for r in r["points"] if r["family"] != "preset"])).strip()
+    if drift:
+        lines.append(drift)
     for p in r["pair"]:
         lines.append(f"105m vs 206m at {p['threads']} thread(s): {p['105m_tok_per_s']:.1f} vs "
                      f"{p['206m_tok_per_s']:.1f} tok/s (ratio {p['measured_ratio']:.3f})")

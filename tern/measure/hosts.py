@@ -38,7 +38,10 @@ TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within
 REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
 ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "repeats", "warmup",
             "tok_per_s", "tok_per_s_min", "tok_per_s_max", "samples_tok_per_s", "hot_bytes", "active_bytes",
-            "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions", "engine_policy")
+            "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions", "engine_policy",
+            "min_time_s", "runs_per_sample", "read_same_run", "host_read_ratio")
+# the host's read rate timed beside a point differs from its probe's by more than this: "drifted"
+DRIFT_TOLERANCE = 0.15
 
 
 def hosts_root() -> Path | None:
@@ -128,8 +131,23 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
         out.append({"name": r["name"], "family": r.get("family"), "threads": int(r["threads"]),
                     "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,
                     "ratio": float(r["tok_per_s"]) / p.tok_per_s, "hot_bytes": p.hot_bytes,
-                    "region": region_of(p.hot_bytes, llc), "model": p.model})
+                    "region": region_of(p.hot_bytes, llc), "model": p.model,
+                    "host_read_ratio": r.get("host_read_ratio")})
     return out
+
+
+def drift_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How far the host's read rate, timed beside each point, was from its probe's
+    (``host_read_ratio`` of tern.measure.sweep.host_read_now): {n, median_ratio,
+    drifted (points beyond ±DRIFT_TOLERANCE), within_20pct_steady (the accuracy over the
+    points that did not drift; None without any)}; None when no point carries the ratio."""
+    pts = [p for p in points if isinstance(p.get("host_read_ratio"), (int, float))]
+    if not pts:
+        return None
+    steady = [p for p in pts if abs(p["host_read_ratio"] - 1.0) <= DRIFT_TOLERANCE]
+    return {"n": len(pts), "median_ratio": statistics.median(p["host_read_ratio"] for p in pts),
+            "drifted": len(pts) - len(steady),
+            "within_20pct_steady": _summary(steady)["within_20pct"] if steady else None}
 
 
 def _summary(points: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,6 +163,7 @@ def accuracy_report(points: list[dict[str, Any]], worst: int = 3) -> dict[str, A
     rep["by_region"] = {reg: _summary([p for p in points if p["region"] == reg]) for reg in REGIONS
                         if any(p["region"] == reg for p in points)}
     rep["worst"] = sorted(points, key=lambda p: -abs(p["ratio"] - 1.0))[:worst]
+    rep["host_drift"] = drift_summary(points)
     return rep
 
 
@@ -184,13 +203,13 @@ def measure_10b_pick(profile: HostProfile, results: str | os.PathLike, threads: 
     """The ~10B-total config the design search picks on ``profile`` (probe only, at 1
     thread, as notebook 08 does), built and measured at ``threads``: its rows (family
     "10b") are appended to ``results``/bench/sweep.jsonl, so a committed host carries them."""
-    from tern.measure.sweep import SweepPoint, run_sweep
+    from tern.measure.sweep import FULL_TIMING, SweepPoint, run_sweep
     from tern.predict.toward_10b import pick_10b
 
     host = uncalibrated(profile)
     pick, _, _ = pick_10b(host, target_tok_per_s, threads=1)
     out = Path(results)
-    pts = [SweepPoint("10b", "10b", pick.config, t) for t in threads]
+    pts = [SweepPoint("10b", "10b", pick.config, t, **FULL_TIMING) for t in threads]
     return run_sweep(pts, out / "bench" / "sweep.jsonl", out / "models", host)
 
 
@@ -211,7 +230,23 @@ def verdict_text(rep: dict[str, Any], label: str = "this host") -> str:
                       f"{100 * TARGETS['median_abs_err']:.0f} %)")
     if not misses:
         return (f"{label}: the probe-only prediction meets the targets — {100 * rep['within_20pct']:.0f} % "
-                f"of {rep['n']} points within ±20 %, median |error| {100 * rep['median_abs_err']:.1f} %.")
+                f"of {rep['n']} points within ±20 %, median |error| {100 * rep['median_abs_err']:.1f} %."
+                + drift_text(rep.get("host_drift")))
     w = rep["worst"][0] if rep.get("worst") else None
     worst = f"; worst {w['name']} at {w['threads']} thread(s), measured/predicted {w['ratio']:.2f}" if w else ""
-    return f"{label}: the probe-only prediction MISSES its targets: " + " and ".join(misses) + worst + "."
+    return (f"{label}: the probe-only prediction MISSES its targets: " + " and ".join(misses) + worst + "."
+            + drift_text(rep.get("host_drift")))
+
+
+def drift_text(drift: dict[str, Any] | None) -> str:
+    """A sentence when the host's read rate moved between the probe and the sweep by more
+    than DRIFT_TOLERANCE at a fifth or more of the points (else "")."""
+    if not drift or drift["drifted"] < 0.2 * drift["n"]:
+        return ""
+    steady = drift["within_20pct_steady"]
+    tail = (f"; over the {drift['n'] - drift['drifted']} points where it did not, {100 * steady:.0f} % are "
+            "within ±20 %" if steady is not None else "")
+    return (f" The host drifted: at {drift['drifted']} of {drift['n']} points its read rate, timed right "
+            f"before the point, was more than ±{100 * DRIFT_TOLERANCE:.0f} % from its probe's (median "
+            f"{drift['median_ratio']:.2f}x){tail}. A host that changes speed between the probe and the "
+            "sweep moves measured/predicted by as much; run the probe and the sweep again on a quiet machine.")

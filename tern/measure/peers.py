@@ -40,7 +40,7 @@ from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
-from tern.probe.bandwidth import read_reference
+from tern.probe.bandwidth import ReadNow, read_reference
 
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
@@ -186,7 +186,6 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats
 
 MeasureTern = Callable[[Path, SweepPoint], dict[str, Any]]
 MeasureLlama = Callable[[Path, Path, int, int, int], dict[str, Any]]
-ReadNow = Callable[[int, int], dict[str, Any]]  # (working_set_bytes, threads) -> read_reference's dict
 _SUMMARY = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "spread_rel", "repeats", "samples_tok_per_s",
             "host_activity")
 BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed

@@ -30,6 +30,7 @@ from tern.core.config import ModelConfig, param_counts
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import CURRENT_POLICY
+from tern.probe.bandwidth import ReadNow, read_reference
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
 MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
@@ -40,8 +41,9 @@ JSON_FIELDS = """\
             active_bytes, file_bytes, tok_per_s (median), tok_per_s_min, tok_per_s_max,
             repeats, tokens, peak_rss_bytes, predicted_tok_per_s, ratio (measured/predicted),
             predicted_bound, predicted_model (op-cost | roofline), predicted_compute_s,
-            predicted_stall_s, predicted_overhead_s (seconds per token), reused (bool: read
-            back from the records)}]
+            predicted_stall_s, predicted_overhead_s (seconds per token), read_same_run
+            {gbps_median, ...} and host_read_ratio (the read rate timed before the point over
+            the profile's at its total bytes), reused (bool: read back from the records)}]
   accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
 
 
@@ -116,22 +118,33 @@ class SweepPoint:
     tokens: int = 64
     repeats: int = 3
     warmup: int = 16
+    min_time_s: float = 0.0  # each sample repeats its run of ``tokens`` until it timed this long
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"bad sweep point settings: threads={self.threads}, "
                              f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
+        if not (isinstance(self.min_time_s, (int, float)) and 0 <= self.min_time_s <= 60):
+            raise ValueError(f"sweep point min_time_s must be seconds in [0, 60], got {self.min_time_s!r}")
 
     @property
     def key(self) -> str:
-        blob = json.dumps({"config": self.config.to_dict(), "threads": self.threads,
-                           "tokens": self.tokens, "repeats": self.repeats, "warmup": self.warmup,
-                           "v": MEASURE_VERSION}, sort_keys=True)
+        spec = {"config": self.config.to_dict(), "threads": self.threads, "tokens": self.tokens,
+                "repeats": self.repeats, "warmup": self.warmup, "v": MEASURE_VERSION}
+        if self.min_time_s:  # keys of points measured before samples had a minimum time stay valid
+            spec["min_time_s"] = float(self.min_time_s)
+        blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def model_hash(cfg: ModelConfig) -> str:
     return hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+
+
+# A full sweep's samples: 5 per point, each >= 0.25 s of decoding (a 64-token run of the
+# small models lasts 5-30 ms, and one hiccup of a shared VM then decides a sample: measured
+# on this VM kind, 3 x 64 tokens gave neighbouring points ratios of 0.64 and 1.07).
+FULL_TIMING = {"repeats": 5, "min_time_s": 0.25}
 
 
 def default_points(quick: bool = False, threads: Iterable[int] | None = None) -> list[SweepPoint]:
@@ -146,9 +159,9 @@ def default_points(quick: bool = False, threads: Iterable[int] | None = None) ->
             continue
         for b in BUDGETS:
             for cfg in fixed_active_family(b):
-                pts.append(SweepPoint("fixed_active", b, cfg, t))
+                pts.append(SweepPoint("fixed_active", b, cfg, t, **FULL_TIMING))
         for cfg in fixed_total_family("30m"):
-            pts.append(SweepPoint("fixed_total", "30m", cfg, t))
+            pts.append(SweepPoint("fixed_total", "30m", cfg, t, **FULL_TIMING))
     return pts
 
 
@@ -171,7 +184,7 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
     """Run the decode measurement in a fresh interpreter (own peak RSS); returns its JSON."""
     cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
            "--tokens", str(point.tokens), "--repeats", str(point.repeats),
-           "--warmup", str(point.warmup)]
+           "--warmup", str(point.warmup), "--min-time-s", repr(float(point.min_time_s))]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
         raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n"
@@ -190,10 +203,30 @@ def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, An
             "predicted_overhead_s": p.overhead_s}
 
 
+def host_read_now(host: HostProfile, working_set_bytes: int, threads: int,
+                  read_now: ReadNow | None) -> dict[str, Any]:
+    """The read kernel timed now at a point's working set (``read_now``, None: skipped),
+    against the profile's read curve there: {read_same_run, host_read_ratio}. A ratio away
+    from 1 says the host reads memory faster or slower than when it was probed (a shared VM
+    drifts), which moves measured / predicted by as much without any fault of the model."""
+    if read_now is None:
+        return {}
+    ref = read_now(max(int(working_set_bytes), 4096), threads)
+    out: dict[str, Any] = {"read_same_run": dict(ref), "host_read_ratio": None}
+    if host.thread_counts():
+        then = host.bandwidth_at(working_set_bytes, threads)
+        out["host_read_ratio"] = ref["gbps_median"] / then if then > 0 else None
+    return out
+
+
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
               host: HostProfile, measure: Measure = measure_in_subprocess,
-              progress: bool = True, keep_models: bool = True) -> list[dict[str, Any]]:
-    """Measure every point not already in ``records``; returns all points' rows in order."""
+              progress: bool = True, keep_models: bool = True,
+              read_now: ReadNow | None = read_reference) -> list[dict[str, Any]]:
+    """Measure every point not already in ``records``; returns all points' rows in order.
+    Before each measured point ``read_now(working_set_bytes, threads)`` (default: the
+    probe's read kernel, tern.probe.bandwidth.read_reference; None: skipped) times the
+    host's read rate at the model's total bytes (:func:`host_read_now`)."""
     from tqdm.auto import tqdm
 
     records, models_dir = Path(records), Path(models_dir)
@@ -209,9 +242,10 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
             continue
         bar.set_postfix_str(f"{p.config.name} t{p.threads}")
         path = ensure_model(p.config, models_dir)
+        pc = param_counts(p.config)
+        now = host_read_now(host, pc.total.bytes, p.threads, read_now)
         t0 = time.perf_counter()
         m = measure(path, p)
-        pc = param_counts(p.config)
         row = {
             "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
             "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,
@@ -219,8 +253,10 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
             "total_bytes": pc.total.bytes, "active_bytes": pc.active.bytes,
             "resident_bytes": pc.resident.bytes, "streamed_bytes": pc.streamed.bytes,
             "file_bytes": path.stat().st_size, "tokens": p.tokens, "warmup": p.warmup,
+            "min_time_s": p.min_time_s,
             **{k: m[k] for k in ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "repeats",
-                                 "samples_tok_per_s", "peak_rss_bytes") if k in m},
+                                 "samples_tok_per_s", "runs_per_sample", "peak_rss_bytes") if k in m},
+            **now,
             **predicted(p.config, host, p.threads), "host_label": host.label,
             "engine_policy": CURRENT_POLICY.to_dict(),  # what the measuring engine split over threads
             "measure_wall_s": time.perf_counter() - t0, **run_metadata(p.threads),
@@ -245,11 +281,12 @@ def accuracy(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def preset_points(names: Iterable[str] = ("105m", "206m"), threads: Iterable[int] = (1,),
-                  tokens: int = 64, repeats: int = 3, warmup: int = 16) -> list[SweepPoint]:
+                  tokens: int = 64, repeats: int = 3, warmup: int = 16,
+                  min_time_s: float = 0.0) -> list[SweepPoint]:
     """Points for named presets (e.g. the 105M / 206M pair with equal active params)."""
     from tern.core.config import get_preset
 
-    return [SweepPoint("preset", n, get_preset(n), t, tokens, repeats, warmup)
+    return [SweepPoint("preset", n, get_preset(n), t, tokens, repeats, warmup, min_time_s)
             for t in threads for n in names]
 
 

@@ -19,22 +19,37 @@ from typing import Any
 import numpy as np
 
 
-def time_decode(engine: Any, tokens: int, repeats: int, warmup: int, seed: int = 0) -> dict[str, Any]:
-    """tok/s of ``engine.step`` over ``repeats`` runs of ``tokens`` random token ids, after
-    ``warmup`` untimed tokens; the engine state is reset before each run."""
+def time_decode(engine: Any, tokens: int, repeats: int, warmup: int, seed: int = 0,
+                min_time_s: float = 0.0) -> dict[str, Any]:
+    """tok/s of ``engine.step`` over ``repeats`` samples, after ``warmup`` untimed tokens.
+    A sample is one or more runs of ``tokens`` random token ids, each from a reset engine
+    state (so every run decodes the same context lengths), repeated until the sample has
+    timed at least ``min_time_s`` seconds: a 64-token run of a small model lasts a few
+    milliseconds, shorter than the hiccups of a shared machine, and one hiccup then decides
+    a whole sample. ``runs_per_sample``: how many runs each sample took."""
     from tern.core.records import summarize
     from tern.run.timing import time_steps
 
-    if tokens < 1 or repeats < 1 or warmup < 0:
+    if not (tokens >= 1 and repeats >= 1 and warmup >= 0):
         raise ValueError(f"need tokens >= 1, repeats >= 1, warmup >= 0; got {tokens}, {repeats}, {warmup}")
+    if not (isinstance(min_time_s, (int, float)) and 0 <= min_time_s <= 60):
+        raise ValueError(f"min_time_s must be a number of seconds in [0, 60], got {min_time_s!r}")
     rng = np.random.default_rng(seed)
     V = engine.cfg.vocab_size
     if warmup:
         time_steps(engine, rng.integers(0, V, size=warmup))
-    samples = [1.0 / time_steps(engine, rng.integers(0, V, size=tokens)) for _ in range(repeats)]
+    samples, runs = [], []
+    for _ in range(repeats):
+        seconds, n = 0.0, 0
+        while n == 0 or seconds < min_time_s:
+            seconds += time_steps(engine, rng.integers(0, V, size=tokens)) * tokens
+            n += 1
+        samples.append(n * tokens / seconds)
+        runs.append(n)
     s = summarize(samples)
     return {"tok_per_s": s["median"], "tok_per_s_min": s["min"], "tok_per_s_max": s["max"],
-            "repeats": s["repeats"], "spread_rel": s["spread_rel"], "samples_tok_per_s": samples}
+            "repeats": s["repeats"], "spread_rel": s["spread_rel"], "samples_tok_per_s": samples,
+            "runs_per_sample": runs, "min_time_s": float(min_time_s)}
 
 
 def peak_rss_bytes() -> int:
@@ -50,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-time-s", type=float, default=0.0,
+                    help="each sample repeats its run of --tokens until it has timed this many seconds")
     args = ap.parse_args(argv)
     from tern.run.engine import Engine
 
@@ -61,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load_s = time.perf_counter() - t0
     rss_loaded = peak_rss_bytes()
-    res = time_decode(eng, args.tokens, args.repeats, args.warmup, args.seed)
+    try:
+        res = time_decode(eng, args.tokens, args.repeats, args.warmup, args.seed, args.min_time_s)
+    except ValueError as e:
+        print(f"sweep worker: {e}", file=sys.stderr)
+        return 2
     out = {**res, "load_s": load_s, "rss_after_load_bytes": rss_loaded,
            "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe()}
     print(json.dumps(out))

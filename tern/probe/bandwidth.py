@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -401,6 +401,7 @@ def format_bytes(n: float) -> str:
 # ---- the same-run read reference of a decode benchmark ------------------------------------
 
 READ_REFERENCE_MAX_BYTES = 1 << 30  # past a few LLCs the read rate is flat (DRAM)
+ReadNow = Callable[[int, int], dict]  # (working_set_bytes, threads) -> read_reference's dict
 
 
 def read_reference(working_set_bytes: int, threads: int, repeats: int = 5,

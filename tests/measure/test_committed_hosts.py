@@ -161,3 +161,23 @@ def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
     low = {**row, "engine_policy": EnginePolicy(par_min_weights=1 << 16).to_dict()}
     now = repredict([low], host.profile)[0]["predicted_tok_per_s"]
     assert abs(now / legacy - 1) > 0.01, (now, legacy)
+
+
+def test_drift_of_the_host_is_reported_beside_the_verdict():
+    from tern.measure.hosts import drift_summary, verdict_text
+
+    def pts(ratios, reads):
+        return [{"name": f"p{i}", "threads": 1, "ratio": r, "region": "DRAM-bound", "host_read_ratio": h}
+                for i, (r, h) in enumerate(zip(ratios, reads, strict=True))]
+
+    steady = pts([1.0, 1.05, 0.97, 1.02, 0.99], [1.0, 0.95, 1.1, 1.02, 0.9])
+    rep = accuracy_report(steady)
+    assert rep["host_drift"]["drifted"] == 0 and "drifted" not in verdict_text(rep)
+    # 2 of 5 points read 40 % slower than at the probe, and those are the ones that miss
+    moved = pts([1.0, 1.05, 0.6, 1.02, 0.62], [1.0, 0.95, 0.6, 1.02, 0.6])
+    d = drift_summary(moved)
+    assert d == {"n": 5, "median_ratio": pytest.approx(0.95), "drifted": 2, "within_20pct_steady": 1.0}
+    text = verdict_text(accuracy_report(moved))
+    assert "MISSES" in text and "The host drifted: at 2 of 5 points" in text and "100 % are within" in text
+    assert drift_summary([{"ratio": 1.0}]) is None  # rows measured before the read reference
+    assert accuracy_report([{"name": "a", "threads": 1, "ratio": 1.0, "region": "DRAM-bound"}])["host_drift"] is None

@@ -174,3 +174,89 @@ def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
     assert main(["bench", "sweep", "--quick", "--threads", "0", "--results", str(tmp_path)]) == 2
     assert "--threads must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "host_profile.json").exists()
+
+
+class _SleepyEngine:
+    """Stands in for tern.run.engine.Engine: every step busy-waits ``step_s`` seconds."""
+
+    def __init__(self, step_s):
+        import types
+
+        self.cfg = types.SimpleNamespace(vocab_size=16)
+        self.step_s, self.resets, self.steps = step_s, 0, 0
+
+    def reset(self):
+        self.resets += 1
+
+    def step(self, token):
+        import time
+
+        assert 0 <= token < 16
+        self.steps += 1
+        end = time.perf_counter() + self.step_s
+        while time.perf_counter() < end:
+            pass
+
+
+def test_time_decode_repeats_runs_until_a_sample_lasts_min_time():
+    from tern.measure.sweep_worker import time_decode
+
+    eng = _SleepyEngine(1e-3)
+    r = time_decode(eng, tokens=4, repeats=3, warmup=2, min_time_s=0.02)
+    # 4 tokens x 1 ms = 4 ms per run: >= 5 runs (each from a reset state) per 20 ms sample
+    assert r["repeats"] == 3 and all(n >= 5 for n in r["runs_per_sample"])
+    assert eng.resets == 1 + sum(r["runs_per_sample"]) and eng.steps == 2 + 4 * sum(r["runs_per_sample"])
+    assert 300 < r["tok_per_s"] <= 1000 and r["min_time_s"] == 0.02
+    once = time_decode(_SleepyEngine(1e-4), tokens=4, repeats=2, warmup=0)
+    assert once["runs_per_sample"] == [1, 1]
+    for bad in (-1.0, float("nan"), "0.2", 61):
+        with pytest.raises(ValueError, match="min_time_s"):
+            time_decode(eng, tokens=4, repeats=1, warmup=0, min_time_s=bad)
+
+
+def test_sweep_point_min_time_is_validated_and_old_keys_stay():
+    import hashlib
+
+    from tern.measure.sweep import MEASURE_VERSION
+
+    p = SweepPoint("fixed_active", "t", TINY, 1, tokens=8)
+    blob = json.dumps({"config": TINY.to_dict(), "threads": 1, "tokens": 8, "repeats": 3, "warmup": 16,
+                       "v": MEASURE_VERSION}, sort_keys=True)
+    assert p.key == hashlib.sha256(blob.encode()).hexdigest()[:16]  # rows measured before min_time_s resume
+    assert SweepPoint("fixed_active", "t", TINY, 1, tokens=8, min_time_s=0.25).key != p.key
+    for bad in (-0.1, float("nan"), None):
+        with pytest.raises(ValueError, match="min_time_s"):
+            SweepPoint("fixed_active", "t", TINY, 1, min_time_s=bad)
+
+
+def test_full_sweep_points_time_every_sample_long_enough():
+    from tern.measure.sweep import FULL_TIMING, default_points, preset_points
+
+    pts = default_points(threads=(1,))
+    assert pts and all(p.repeats == FULL_TIMING["repeats"] and p.min_time_s == FULL_TIMING["min_time_s"]
+                       for p in pts)
+    assert all(p.min_time_s == 0 for p in default_points(quick=True))  # CI's smoke sweep stays fast
+    assert preset_points(min_time_s=0.25)[0].min_time_s == 0.25
+
+
+def test_sweep_rows_carry_the_read_rate_timed_before_each_point(tmp_path):
+    calls = []
+
+    def fake_read(ws, threads):
+        calls.append((ws, threads))
+        return {"gbps_median": 10.0, "gbps_min": 9.0, "gbps_best": 11.0, "working_set_bytes": ws,
+                "threads": threads, "repeats": 5}
+
+    h = host()
+    pts = [SweepPoint("fixed_active", "t", TINY, t, tokens=4) for t in (1, 2)]
+    measure = lambda p, q: {"tok_per_s": 50.0, "repeats": 3}  # noqa: E731
+    rows = run_sweep(pts, tmp_path / "rec.jsonl", tmp_path / "m", h, measure=measure, progress=False,
+                     read_now=fake_read)
+    total = param_counts(TINY).total.bytes
+    assert calls == [(total, 1), (total, 2)]
+    for r in rows:
+        assert r["read_same_run"]["gbps_median"] == 10.0
+        assert r["host_read_ratio"] == pytest.approx(10.0 / h.bandwidth_at(total, r["threads"]))
+    bare = run_sweep(pts, tmp_path / "rec2.jsonl", tmp_path / "m", h, measure=measure, progress=False,
+                     read_now=None)
+    assert all("host_read_ratio" not in r and "read_same_run" not in r for r in bare)

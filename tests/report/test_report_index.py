@@ -100,6 +100,17 @@ def test_answers_read_newer_headline_keys():
                          "(SMOKE: measured on a stand-in with fewer experts, not the 10B model)")
 
 
+def test_measure_answer_says_when_the_host_drifted():
+    base = {"median_measured_over_predicted": 1.06, "fraction_within_20pct": 0.78, "points": 50,
+            "meets_targets": False}
+    _, rows = answers({"06_x": {**base, "host_drifted_points": 21, "host_read_over_probe_median": 1.31}})
+    text = next(a.text for a in rows if a.step == "measure")
+    assert text.endswith("meets its targets: no; the host drifted: at 21 of 50 points its read rate was more "
+                         "than ±15 % from its probe's (median 1.31x): re-run on a quiet machine")
+    _, rows = answers({"06_x": {**base, "host_drifted_points": 0, "host_read_over_probe_median": 1.0}})
+    assert "drifted" not in next(a.text for a in rows if a.step == "measure")
+
+
 def test_predictions_fall_back_to_the_reference_host():
     _, rows = answers({"02_roofline": {"sandbox_reference_pc_1t_tok_per_s": 31220.7,
                                        "sandbox_reference_pc_6t_tok_per_s": 222204.1}})
