@@ -39,8 +39,9 @@ REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
 ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "repeats", "warmup",
             "tok_per_s", "tok_per_s_min", "tok_per_s_max", "samples_tok_per_s", "hot_bytes", "active_bytes",
             "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions", "engine_policy",
-            "min_time_s", "runs_per_sample", "read_same_run", "host_read_ratio")
-# the host's read rate timed beside a point differs from its probe's by more than this: "drifted"
+            "min_time_s", "runs_per_sample", "read_same_run", "host_read_ratio", "kernel_same_run",
+            "host_kernel_ratio")
+# the host's read rate or kernel speed timed beside a point differs from its probe's by more than this: "drifted"
 DRIFT_TOLERANCE = 0.15
 
 
@@ -132,21 +133,33 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
                     "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,
                     "ratio": float(r["tok_per_s"]) / p.tok_per_s, "hot_bytes": p.hot_bytes,
                     "region": region_of(p.hot_bytes, llc), "model": p.model,
-                    "host_read_ratio": r.get("host_read_ratio")})
+                    "host_read_ratio": r.get("host_read_ratio"), "host_kernel_ratio": r.get("host_kernel_ratio")})
     return out
 
 
+DRIFT_KEYS = ("host_read_ratio", "host_kernel_ratio")
+
+
 def drift_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """How far the host's read rate, timed beside each point, was from its probe's
-    (``host_read_ratio`` of tern.measure.sweep.host_read_now): {n, median_ratio,
-    drifted (points beyond ±DRIFT_TOLERANCE), within_20pct_steady (the accuracy over the
-    points that did not drift; None without any)}; None when no point carries the ratio."""
-    pts = [p for p in points if isinstance(p.get("host_read_ratio"), (int, float))]
+    """How far the host, timed beside each point, was from its probe: its read rate
+    (``host_read_ratio``) and its cores' speed (``host_kernel_ratio``; tern.measure.sweep
+    .host_now): {n, median_read_ratio, median_kernel_ratio (None where not timed), drifted
+    (points where either is beyond ±DRIFT_TOLERANCE), within_20pct_steady (the accuracy
+    over the other points; None without any)}; None when no point carries either ratio."""
+    def ratios(p):
+        return [p[k] for k in DRIFT_KEYS if isinstance(p.get(k), (int, float))]
+
+    pts = [p for p in points if ratios(p)]
     if not pts:
         return None
-    steady = [p for p in pts if abs(p["host_read_ratio"] - 1.0) <= DRIFT_TOLERANCE]
-    return {"n": len(pts), "median_ratio": statistics.median(p["host_read_ratio"] for p in pts),
-            "drifted": len(pts) - len(steady),
+    steady = [p for p in pts if all(abs(r - 1.0) <= DRIFT_TOLERANCE for r in ratios(p))]
+
+    def median_of(key):
+        v = [p[key] for p in pts if isinstance(p.get(key), (int, float))]
+        return statistics.median(v) if v else None
+
+    return {"n": len(pts), "median_read_ratio": median_of("host_read_ratio"),
+            "median_kernel_ratio": median_of("host_kernel_ratio"), "drifted": len(pts) - len(steady),
             "within_20pct_steady": _summary(steady)["within_20pct"] if steady else None}
 
 
@@ -239,14 +252,17 @@ def verdict_text(rep: dict[str, Any], label: str = "this host") -> str:
 
 
 def drift_text(drift: dict[str, Any] | None) -> str:
-    """A sentence when the host's read rate moved between the probe and the sweep by more
-    than DRIFT_TOLERANCE at a fifth or more of the points (else "")."""
+    """A sentence when the host's read rate or kernel speed moved between the probe and the
+    sweep by more than DRIFT_TOLERANCE at a fifth or more of the points (else "")."""
     if not drift or drift["drifted"] < 0.2 * drift["n"]:
         return ""
     steady = drift["within_20pct_steady"]
     tail = (f"; over the {drift['n'] - drift['drifted']} points where it did not, {100 * steady:.0f} % are "
             "within ±20 %" if steady is not None else "")
-    return (f" The host drifted: at {drift['drifted']} of {drift['n']} points its read rate, timed right "
-            f"before the point, was more than ±{100 * DRIFT_TOLERANCE:.0f} % from its probe's (median "
-            f"{drift['median_ratio']:.2f}x){tail}. A host that changes speed between the probe and the "
-            "sweep moves measured/predicted by as much; run the probe and the sweep again on a quiet machine.")
+    medians = ", ".join(f"{name} {drift[key]:.2f}x" for name, key in
+                        (("read rate", "median_read_ratio"), ("kernel speed", "median_kernel_ratio"))
+                        if drift.get(key) is not None)
+    return (f" The host drifted: at {drift['drifted']} of {drift['n']} points its read rate or kernel speed, "
+            f"timed right before the point, was more than ±{100 * DRIFT_TOLERANCE:.0f} % from its probe's "
+            f"(medians: {medians}){tail}. A host that changes speed between the probe and the sweep moves "
+            "measured/predicted by as much; run the probe and the sweep again on a quiet machine.")

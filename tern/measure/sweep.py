@@ -31,6 +31,7 @@ from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import CURRENT_POLICY
 from tern.probe.bandwidth import ReadNow, read_reference
+from tern.probe.curves import kernel_reference
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
 MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
@@ -43,7 +44,9 @@ JSON_FIELDS = """\
             predicted_bound, predicted_model (op-cost | roofline), predicted_compute_s,
             predicted_stall_s, predicted_overhead_s (seconds per token), read_same_run
             {gbps_median, ...} and host_read_ratio (the read rate timed before the point over
-            the profile's at its total bytes), reused (bool: read back from the records)}]
+            the profile's at its total bytes), kernel_same_run {seconds_per_call, ...} and
+            host_kernel_ratio (the 4-row ternary pass's speed then over the profile's),
+            reused (bool: read back from the records)}]
   accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
 
 
@@ -203,30 +206,44 @@ def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, An
             "predicted_overhead_s": p.overhead_s}
 
 
-def host_read_now(host: HostProfile, working_set_bytes: int, threads: int,
-                  read_now: ReadNow | None) -> dict[str, Any]:
-    """The read kernel timed now at a point's working set (``read_now``, None: skipped),
-    against the profile's read curve there: {read_same_run, host_read_ratio}. A ratio away
-    from 1 says the host reads memory faster or slower than when it was probed (a shared VM
-    drifts), which moves measured / predicted by as much without any fault of the model."""
-    if read_now is None:
-        return {}
-    ref = read_now(max(int(working_set_bytes), 4096), threads)
-    out: dict[str, Any] = {"read_same_run": dict(ref), "host_read_ratio": None}
-    if host.thread_counts():
-        then = host.bandwidth_at(working_set_bytes, threads)
-        out["host_read_ratio"] = ref["gbps_median"] / then if then > 0 else None
+KernelNow = Callable[[int, int, int], dict]  # (threads, rows, cols) -> tern.probe.curves.kernel_reference's dict
+
+
+def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: ReadNow | None,
+             kernel_now: KernelNow | None = None) -> dict[str, Any]:
+    """The host timed right before a sweep point, against its probe: the read kernel at the
+    point's working set (``read_now``; {read_same_run, host_read_ratio}: now / at the probe)
+    and the engine's 4-row ternary pass on cache-resident matrices (``kernel_now``, with
+    the shape of the profile's curve; {kernel_same_run, host_kernel_ratio}: speed now /
+    at the probe). Either skipped when None. A ratio away from 1 says the host runs
+    faster or slower than when it was probed (a shared VM drifts), which moves measured /
+    predicted by as much without any fault of the model."""
+    from tern.core.host_profile import op_curve_for
+
+    out: dict[str, Any] = {}
+    if read_now is not None:
+        ref = read_now(max(int(working_set_bytes), 4096), threads)
+        out.update(read_same_run=dict(ref), host_read_ratio=None)
+        if host.thread_counts():
+            then = host.bandwidth_at(working_set_bytes, threads)
+            out["host_read_ratio"] = ref["gbps_median"] / then if then > 0 else None
+    curve = op_curve_for(host.op_curves, "ternary_matvec", "serial" if threads == 1 else "experts", threads)
+    if kernel_now is not None and curve is not None:
+        ref = kernel_now(curve.threads, curve.rows, curve.cols)
+        then = curve.seconds_at(ref["working_set_bytes"])
+        out.update(kernel_same_run=dict(ref), host_kernel_ratio=then / ref["seconds_per_call"])
     return out
 
 
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
               host: HostProfile, measure: Measure = measure_in_subprocess,
               progress: bool = True, keep_models: bool = True,
-              read_now: ReadNow | None = read_reference) -> list[dict[str, Any]]:
+              read_now: ReadNow | None = read_reference,
+              kernel_now: KernelNow | None = kernel_reference) -> list[dict[str, Any]]:
     """Measure every point not already in ``records``; returns all points' rows in order.
-    Before each measured point ``read_now(working_set_bytes, threads)`` (default: the
-    probe's read kernel, tern.probe.bandwidth.read_reference; None: skipped) times the
-    host's read rate at the model's total bytes (:func:`host_read_now`)."""
+    Before each measured point :func:`host_now` times the host's read rate at the model's
+    total bytes (``read_now``, default tern.probe.bandwidth.read_reference) and its cores'
+    speed (``kernel_now``, default tern.probe.curves.kernel_reference); None skips either."""
     from tqdm.auto import tqdm
 
     records, models_dir = Path(records), Path(models_dir)
@@ -243,7 +260,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         bar.set_postfix_str(f"{p.config.name} t{p.threads}")
         path = ensure_model(p.config, models_dir)
         pc = param_counts(p.config)
-        now = host_read_now(host, pc.total.bytes, p.threads, read_now)
+        now = host_now(host, pc.total.bytes, p.threads, read_now, kernel_now)
         t0 = time.perf_counter()
         m = measure(path, p)
         row = {
@@ -306,15 +323,19 @@ def pair_summary(rows: list[dict[str, Any]], a: str = "105m", b: str = "206m") -
 
 
 def render_rows(rows: list[dict[str, Any]]) -> str:
-    """A text table of sweep points: predicted, measured, ratio, peak RSS."""
+    """A text table of sweep points: predicted, measured, ratio, peak RSS, and the host
+    timed beside each point against its probe (read rate / kernel speed, now over then;
+    "-" where not timed)."""
     head = (f"{'point':<24} {'thr':>3} {'total MB':>9} {'active MB':>9} {'pred tok/s':>10} "
-            f"{'meas tok/s':>10} {'ratio':>6} {'bound':>7} {'RSS MiB':>8}")
+            f"{'meas tok/s':>10} {'ratio':>6} {'bound':>7} {'RSS MiB':>8} {'host read/kernel':>16}")
     lines = [head]
     for r in rows:
+        now = "/".join(f"{r[k]:.2f}" if isinstance(r.get(k), (int, float)) else "-"
+                       for k in ("host_read_ratio", "host_kernel_ratio"))
         lines.append(f"{r['name'][:24]:<24} {r['threads']:>3} {r['total_bytes'] / 1e6:9.1f} "
                      f"{r['active_bytes'] / 1e6:9.2f} {r['predicted_tok_per_s']:10.1f} "
                      f"{r['tok_per_s']:10.1f} {r['ratio']:6.2f} {r['predicted_bound']:>7} "
-                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f}")
+                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f} {now:>16}")
     return "\n".join(lines)
 
 

@@ -271,6 +271,27 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
                    seconds_min=tuple(p[2] for p in points), seconds_max=tuple(p[3] for p in points))
 
 
+KERNEL_REFERENCE_WS = 1 * MIB  # in L2 or L3 on every host seen: what it times is the core's speed
+
+
+def kernel_reference(threads: int, rows: int = 1024, cols: int = 1024,
+                     working_set_bytes: int = KERNEL_REFERENCE_WS) -> dict[str, float | int | str]:
+    """The engine's 4-row ternary pass timed now on cache-resident matrices of (rows, cols)
+    adding up to ``working_set_bytes``, as the probe's curve of it runs: one thread, or
+    ``threads`` single-thread calls at once ("experts") beyond one: {op, split, threads,
+    rows, cols, working_set_bytes, seconds_per_call}. Beside a decode measurement it says
+    whether the cores run as fast as when the host was probed (a shared VM's cores slow
+    down when a neighbour works, while its memory may read as fast as ever)."""
+    if not (isinstance(threads, int) and threads >= 1):
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    split = "serial" if threads == 1 else "experts"
+    buf = CurveBuffer(working_set_bytes + _weight_bytes("ternary_matvec", rows, cols) * threads)
+    c = measure_curve("ternary_matvec", split, threads, (working_set_bytes,), buf,
+                      timing=TimingConfig(min_time_s=0.03, repeats=5, warmup_s=0.01), shape=(rows, cols))
+    return {"op": c.op, "split": c.split, "threads": c.threads, "rows": rows, "cols": cols,
+            "working_set_bytes": c.working_set_bytes[0], "seconds_per_call": c.seconds[0]}
+
+
 def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str, str, int, tuple[int, int]]]:
     """(op, split, threads, matrix shape) of every curve a probe measures (quick: the
     1-thread ternary ones, without the row-heavy shape). The smaller and row-heavy shapes

@@ -166,9 +166,10 @@ def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
 def test_drift_of_the_host_is_reported_beside_the_verdict():
     from tern.measure.hosts import drift_summary, verdict_text
 
-    def pts(ratios, reads):
-        return [{"name": f"p{i}", "threads": 1, "ratio": r, "region": "DRAM-bound", "host_read_ratio": h}
-                for i, (r, h) in enumerate(zip(ratios, reads, strict=True))]
+    def pts(ratios, reads, kernels=None):
+        kernels = kernels or [None] * len(ratios)
+        return [{"name": f"p{i}", "threads": 1, "ratio": r, "region": "DRAM-bound", "host_read_ratio": h,
+                 "host_kernel_ratio": k} for i, (r, h, k) in enumerate(zip(ratios, reads, kernels, strict=True))]
 
     steady = pts([1.0, 1.05, 0.97, 1.02, 0.99], [1.0, 0.95, 1.1, 1.02, 0.9])
     rep = accuracy_report(steady)
@@ -176,8 +177,15 @@ def test_drift_of_the_host_is_reported_beside_the_verdict():
     # 2 of 5 points read 40 % slower than at the probe, and those are the ones that miss
     moved = pts([1.0, 1.05, 0.6, 1.02, 0.62], [1.0, 0.95, 0.6, 1.02, 0.6])
     d = drift_summary(moved)
-    assert d == {"n": 5, "median_ratio": pytest.approx(0.95), "drifted": 2, "within_20pct_steady": 1.0}
+    assert d == {"n": 5, "median_read_ratio": pytest.approx(0.95), "median_kernel_ratio": None, "drifted": 2,
+                 "within_20pct_steady": 1.0}
     text = verdict_text(accuracy_report(moved))
     assert "MISSES" in text and "The host drifted: at 2 of 5 points" in text and "100 % are within" in text
-    assert drift_summary([{"ratio": 1.0}]) is None  # rows measured before the read reference
+    assert "read rate 0.95x" in text and "kernel speed" not in text.split("medians:")[1]
+    # memory reads as at the probe, but the cores run 30 % slower at 3 of 5 points
+    slow_cores = pts([0.7, 0.72, 0.7, 1.0, 1.01], [1.0] * 5, [0.7, 0.7, 0.69, 1.0, 0.98])
+    d = drift_summary(slow_cores)
+    assert d["drifted"] == 3 and d["median_kernel_ratio"] == pytest.approx(0.7) and d["within_20pct_steady"] == 1.0
+    assert "kernel speed 0.70x" in verdict_text(accuracy_report(slow_cores))
+    assert drift_summary([{"ratio": 1.0}]) is None  # rows measured before the host was timed beside them
     assert accuracy_report([{"name": "a", "threads": 1, "ratio": 1.0, "region": "DRAM-bound"}])["host_drift"] is None

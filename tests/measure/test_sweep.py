@@ -1,5 +1,6 @@
 """Sweeps: families, resumable records, the worker measuring a real tiny model."""
 
+import dataclasses
 import json
 
 import pytest
@@ -165,7 +166,9 @@ def test_pair_summary_and_table():
             for b, v, n in (("105m", 100.0, 105e6), ("206m", 98.0, 206e6))]
     s = pair_summary(rows)
     assert s[0]["measured_ratio"] == pytest.approx(0.98)
-    assert "206m" in render_rows(rows)
+    assert "206m" in render_rows(rows) and render_rows(rows).splitlines()[1].endswith(" -/-")
+    rows[0].update(host_read_ratio=0.97, host_kernel_ratio=0.7)
+    assert render_rows(rows).splitlines()[1].endswith(" 0.97/0.70")
 
 
 def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
@@ -239,24 +242,49 @@ def test_full_sweep_points_time_every_sample_long_enough():
     assert preset_points(min_time_s=0.25)[0].min_time_s == 0.25
 
 
-def test_sweep_rows_carry_the_read_rate_timed_before_each_point(tmp_path):
-    calls = []
+def test_sweep_rows_carry_the_host_timed_before_each_point(tmp_path):
+    from tern.core.host_profile import OpCurve
+
+    calls, kcalls = [], []
 
     def fake_read(ws, threads):
         calls.append((ws, threads))
         return {"gbps_median": 10.0, "gbps_min": 9.0, "gbps_best": 11.0, "working_set_bytes": ws,
                 "threads": threads, "repeats": 5}
 
-    h = host()
+    def fake_kernel(threads, rows, cols):
+        kcalls.append((threads, rows, cols))
+        return {"op": "ternary_matvec", "threads": threads, "rows": rows, "cols": cols,
+                "working_set_bytes": 1 << 20, "seconds_per_call": 2e-5}  # the curve says 1e-5: half speed now
+
+    curves = tuple(OpCurve(op="ternary_matvec", split=split, threads=t, rows=1024, cols=1024, density=1.0,
+                           working_set_bytes=(1 << 18, 1 << 22), seconds=(1e-5, 1e-5))
+                   for split, t in (("serial", 1), ("experts", 2)))
+    h = dataclasses.replace(host(), op_curves=curves)
     pts = [SweepPoint("fixed_active", "t", TINY, t, tokens=4) for t in (1, 2)]
     measure = lambda p, q: {"tok_per_s": 50.0, "repeats": 3}  # noqa: E731
     rows = run_sweep(pts, tmp_path / "rec.jsonl", tmp_path / "m", h, measure=measure, progress=False,
-                     read_now=fake_read)
+                     read_now=fake_read, kernel_now=fake_kernel)
     total = param_counts(TINY).total.bytes
-    assert calls == [(total, 1), (total, 2)]
+    assert calls == [(total, 1), (total, 2)] and kcalls == [(1, 1024, 1024), (2, 1024, 1024)]
     for r in rows:
         assert r["read_same_run"]["gbps_median"] == 10.0
         assert r["host_read_ratio"] == pytest.approx(10.0 / h.bandwidth_at(total, r["threads"]))
+        assert r["host_kernel_ratio"] == pytest.approx(0.5) and r["kernel_same_run"]["seconds_per_call"] == 2e-5
     bare = run_sweep(pts, tmp_path / "rec2.jsonl", tmp_path / "m", h, measure=measure, progress=False,
-                     read_now=None)
-    assert all("host_read_ratio" not in r and "read_same_run" not in r for r in bare)
+                     read_now=None, kernel_now=None)
+    assert all(not ({"host_read_ratio", "read_same_run", "host_kernel_ratio"} & set(r)) for r in bare)
+    # a profile without kernel curves (version < 3): no kernel ratio, the read ratio stays
+    old = run_sweep(pts[:1], tmp_path / "rec3.jsonl", tmp_path / "m", host(), measure=measure, progress=False,
+                    read_now=fake_read, kernel_now=fake_kernel)
+    assert "host_kernel_ratio" not in old[0] and old[0]["host_read_ratio"] is not None
+
+
+def test_kernel_reference_times_the_engine_kernel_now():
+    from tern.probe.curves import kernel_reference
+
+    r = kernel_reference(1, rows=256, cols=1024, working_set_bytes=1 << 18)
+    assert r["split"] == "serial" and r["working_set_bytes"] == 1 << 18 and 0 < r["seconds_per_call"] < 0.01
+    assert kernel_reference(2, rows=256, cols=1024, working_set_bytes=1 << 18)["split"] == "experts"
+    with pytest.raises(ValueError, match="threads"):
+        kernel_reference(0)

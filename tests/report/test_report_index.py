@@ -103,10 +103,12 @@ def test_answers_read_newer_headline_keys():
 def test_measure_answer_says_when_the_host_drifted():
     base = {"median_measured_over_predicted": 1.06, "fraction_within_20pct": 0.78, "points": 50,
             "meets_targets": False}
-    _, rows = answers({"06_x": {**base, "host_drifted_points": 21, "host_read_over_probe_median": 1.31}})
+    _, rows = answers({"06_x": {**base, "host_drifted_points": 21, "host_read_over_probe_median": 1.31,
+                                "host_kernel_over_probe_median": 0.774}})
     text = next(a.text for a in rows if a.step == "measure")
-    assert text.endswith("meets its targets: no; the host drifted: at 21 of 50 points its read rate was more "
-                         "than ±15 % from its probe's (median 1.31x): re-run on a quiet machine")
+    assert text.endswith("meets its targets: no; the host drifted: at 21 of 50 points its read rate or kernel "
+                         "speed was more than ±15 % from its probe's (medians: read 1.31x, kernel 0.774x): "
+                         "re-run on a quiet machine")
     _, rows = answers({"06_x": {**base, "host_drifted_points": 0, "host_read_over_probe_median": 1.0}})
     assert "drifted" not in next(a.text for a in rows if a.step == "measure")
 
