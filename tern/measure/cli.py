@@ -61,6 +61,7 @@ JSON_FIELDS = """\
     host, cpu, threads, versions, git_commit, timestamp}]
   sweep: bench, records, host, calibration {per_token_overhead_s[_tN], bandwidth_efficiency[_tN]},
     points: [see tern.measure.sweep.JSON_FIELDS], accuracy {n, median_ratio, worst_ratio, within_25pct},
+    host_drift {n, median_read_ratio, median_kernel_ratio, drifted, within_20pct_steady} or null,
     pair: [{threads, 105m_tok_per_s, 206m_tok_per_s, measured_ratio, ...}]
 """ + PEERS_FIELDS + "\n" + FRONTIER_FIELDS
 
@@ -116,6 +117,7 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     rows = run_sweep(pts, records, out / "models", host, read_now=None if args.no_read_reference else read_reference)
     return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
             "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
+            "host_drift": drift_summary([r for r in rows if r["family"] != "preset"]),
             "pair": pair_summary(rows)}
 
 
@@ -125,7 +127,7 @@ def cli_render_sweep(r: dict[str, Any]) -> str:
              f"calibration: {r['calibration']}",
              f"accuracy: {acc.get('n')} points, median measured/predicted {acc.get('median_ratio', 0):.3f}, "
              f"worst {acc.get('worst_ratio', 0):.3f}, within ±25 %: {acc.get('within_25pct', 0):.0%}"]
-    drift = drift_text(drift_summary([r for r in r["points"] if r["family"] != "preset"])).strip()
+    drift = drift_text(r.get("host_drift")).strip()
     if drift:
         lines.append(drift)
     for p in r["pair"]:

@@ -288,3 +288,18 @@ def test_kernel_reference_times_the_engine_kernel_now():
     assert kernel_reference(2, rows=256, cols=1024, working_set_bytes=1 << 18)["split"] == "experts"
     with pytest.raises(ValueError, match="threads"):
         kernel_reference(0)
+
+
+def test_cli_sweep_text_says_when_the_host_drifted():
+    from tern.measure.cli import cli_render_sweep
+
+    row = {"family": "fixed_active", "name": "p", "threads": 1, "total_bytes": 1e6, "active_bytes": 1e5,
+           "predicted_tok_per_s": 100.0, "tok_per_s": 70.0, "ratio": 0.7, "predicted_bound": "DRAM",
+           "host_read_ratio": 1.0, "host_kernel_ratio": 0.7}
+    result = {"points": [row], "calibration": {}, "pair": [], "records": "r.jsonl",
+              "accuracy": accuracy([row]),
+              "host_drift": {"n": 1, "median_read_ratio": 1.0, "median_kernel_ratio": 0.7, "drifted": 1,
+                             "within_20pct_steady": None}}
+    text = cli_render_sweep(result)
+    assert "The host drifted: at 1 of 1 points" in text and "kernel speed 0.70x" in text
+    assert "drifted" not in cli_render_sweep({**result, "host_drift": None})
