@@ -25,6 +25,7 @@ from tern.measure.sweep import (
     run_sweep,
 )
 from tern.probe.bandwidth import read_reference
+from tern.probe.curves import kernel_reference
 
 
 def _configure_ladder(p: argparse.ArgumentParser) -> None:
@@ -93,8 +94,9 @@ def cli_configure_sweep(p: Any) -> None:
     p.add_argument("--no-calibrate", action="store_true",
                    help="use the profile's calibration as is (default: measure it first)")
     p.add_argument("--pair", action="store_true", help="also measure the 105m / 206m presets")
-    p.add_argument("--no-read-reference", action="store_true",
-                   help="do not time the host's read rate before each point (its drift from the probe)")
+    p.add_argument("--no-host-check", action="store_true",
+                   help="do not time the host's read rate and kernel speed before each point "
+                        "(how far the host drifted from its probe)")
 
 
 def cli_run_sweep(args: Any) -> dict[str, Any]:
@@ -114,7 +116,9 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     if args.pair:
         pts += preset_points(threads=threads, **({"tokens": 16} if args.quick else {"tokens": 64, **FULL_TIMING}))
     records = out / "bench" / "sweep.jsonl"
-    rows = run_sweep(pts, records, out / "models", host, read_now=None if args.no_read_reference else read_reference)
+    check = not args.no_host_check
+    rows = run_sweep(pts, records, out / "models", host, read_now=read_reference if check else None,
+                     kernel_now=kernel_reference if check else None)
     return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
             "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
             "host_drift": drift_summary([r for r in rows if r["family"] != "preset"]),
