@@ -43,6 +43,7 @@ ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "
             "host_kernel_ratio")
 # the host's read rate or kernel speed timed beside a point differs from its probe's by more than this: "drifted"
 DRIFT_TOLERANCE = 0.15
+DRIFT_SHARE = 0.2  # ... at this share of the points or more: the verdict says the host drifted
 
 
 def hosts_root() -> Path | None:
@@ -251,10 +252,15 @@ def verdict_text(rep: dict[str, Any], label: str = "this host") -> str:
             + drift_text(rep.get("host_drift")))
 
 
+def host_drifted(drift: dict[str, Any] | None) -> bool:
+    """Whether a drift_summary counts as a drifted host: DRIFT_SHARE of its points or more."""
+    return bool(drift) and drift["drifted"] >= DRIFT_SHARE * drift["n"]
+
+
 def drift_text(drift: dict[str, Any] | None) -> str:
     """A sentence when the host's read rate or kernel speed moved between the probe and the
-    sweep by more than DRIFT_TOLERANCE at a fifth or more of the points (else "")."""
-    if not drift or drift["drifted"] < 0.2 * drift["n"]:
+    sweep by more than DRIFT_TOLERANCE at DRIFT_SHARE of the points or more (else "")."""
+    if not host_drifted(drift):
         return ""
     steady = drift["within_20pct_steady"]
     tail = (f"; over the {drift['n'] - drift['drifted']} points where it did not, {100 * steady:.0f} % are "

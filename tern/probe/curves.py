@@ -284,6 +284,9 @@ def kernel_reference(threads: int, rows: int = 1024, cols: int = 1024,
     down when a neighbour works, while its memory may read as fast as ever)."""
     if not (isinstance(threads, int) and threads >= 1):
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    for name, v in (("rows", rows), ("cols", cols), ("working_set_bytes", working_set_bytes)):
+        if not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     split = "serial" if threads == 1 else "experts"
     buf = CurveBuffer(working_set_bytes + _weight_bytes("ternary_matvec", rows, cols) * threads)
     c = measure_curve("ternary_matvec", split, threads, (working_set_bytes,), buf,

@@ -168,15 +168,17 @@ def measure_answer(h: dict[str, Any]) -> str:
             parts.append(f"{num(100 * v)} % of {num(h.get('points'))} points within ±{m[1]} %")
     if isinstance(h.get("meets_targets"), bool):
         parts.append(f"meets its targets: {num(h['meets_targets'])}")
-    if h.get("host_drifted_points") and h.get("points"):
-        from tern.measure.hosts import DRIFT_TOLERANCE
+    drifted = h.get("host_drifted_points")
+    if drifted and h.get("points"):
+        from tern.measure.hosts import DRIFT_SHARE, DRIFT_TOLERANCE
 
         medians = ", ".join(f"{name} {num(h[key])}x" for name, key in
                             (("read", "host_read_over_probe_median"), ("kernel", "host_kernel_over_probe_median"))
                             if h.get(key) is not None)
-        parts.append(f"the host drifted: at {num(h['host_drifted_points'])} of {num(h['points'])} points its read "
-                     f"rate or kernel speed was more than ±{num(100 * DRIFT_TOLERANCE)} % from its probe's "
-                     f"(medians: {medians}): re-run on a quiet machine")
+        if drifted >= DRIFT_SHARE * h["points"]:
+            parts.append(f"the host drifted: at {num(drifted)} of {num(h['points'])} points its read rate or kernel "
+                         f"speed was more than ±{num(100 * DRIFT_TOLERANCE)} % from its probe's (medians: "
+                         f"{medians}): re-run on a quiet machine")
     pair = _per_thread(h, r"(?P<g>105m|206m)_tok_per_s_(?P<t>\d+)t")
     if pair:
         ts = sorted({t for v in pair.values() for t in v})

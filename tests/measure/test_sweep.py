@@ -288,6 +288,10 @@ def test_kernel_reference_times_the_engine_kernel_now():
     assert kernel_reference(2, rows=256, cols=1024, working_set_bytes=1 << 18)["split"] == "experts"
     with pytest.raises(ValueError, match="threads"):
         kernel_reference(0)
+    with pytest.raises(ValueError, match="working_set_bytes"):
+        kernel_reference(1, working_set_bytes=0)
+    with pytest.raises(ValueError, match="rows"):
+        kernel_reference(1, rows=-4)
 
 
 def test_cli_sweep_text_says_when_the_host_drifted():

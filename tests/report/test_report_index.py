@@ -109,8 +109,9 @@ def test_measure_answer_says_when_the_host_drifted():
     assert text.endswith("meets its targets: no; the host drifted: at 21 of 50 points its read rate or kernel "
                          "speed was more than ±15 % from its probe's (medians: read 1.31x, kernel 0.774x): "
                          "re-run on a quiet machine")
-    _, rows = answers({"06_x": {**base, "host_drifted_points": 0, "host_read_over_probe_median": 1.0}})
-    assert "drifted" not in next(a.text for a in rows if a.step == "measure")
+    for few in (0, 9):  # under a fifth of the points: not a drifted host (as the notebook's verdict)
+        _, rows = answers({"06_x": {**base, "host_drifted_points": few, "host_read_over_probe_median": 1.0}})
+        assert "drifted" not in next(a.text for a in rows if a.step == "measure")
 
 
 def test_predictions_fall_back_to_the_reference_host():
