@@ -119,9 +119,9 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     check = not args.no_host_check
     rows = run_sweep(pts, records, out / "models", host, read_now=read_reference if check else None,
                      kernel_now=kernel_reference if check else None)
+    swept = [r for r in rows if r["family"] != "preset"]
     return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
-            "points": rows, "accuracy": accuracy([r for r in rows if r["family"] != "preset"]),
-            "host_drift": drift_summary([r for r in rows if r["family"] != "preset"]),
+            "points": rows, "accuracy": accuracy(swept), "host_drift": drift_summary(swept),
             "pair": pair_summary(rows)}
 
 

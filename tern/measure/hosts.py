@@ -44,6 +44,7 @@ ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "
 # the host's read rate or kernel speed timed beside a point differs from its probe's by more than this: "drifted"
 DRIFT_TOLERANCE = 0.15
 DRIFT_SHARE = 0.2  # ... at this share of the points or more: the verdict says the host drifted
+DRIFT_KEYS = ("host_read_ratio", "host_kernel_ratio")  # now / at the probe, per row (tern.measure.sweep.host_now)
 
 
 def hosts_root() -> Path | None:
@@ -136,9 +137,6 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
                     "region": region_of(p.hot_bytes, llc), "model": p.model,
                     "host_read_ratio": r.get("host_read_ratio"), "host_kernel_ratio": r.get("host_kernel_ratio")})
     return out
-
-
-DRIFT_KEYS = ("host_read_ratio", "host_kernel_ratio")
 
 
 def drift_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
-from tern.core.host_profile import HostProfile
+from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import CURRENT_POLICY
 from tern.probe.bandwidth import ReadNow, read_reference
@@ -218,8 +218,6 @@ def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: 
     at the probe). Either skipped when None. A ratio away from 1 says the host runs
     faster or slower than when it was probed (a shared VM drifts), which moves measured /
     predicted by as much without any fault of the model."""
-    from tern.core.host_profile import op_curve_for
-
     out: dict[str, Any] = {}
     if read_now is not None:
         ref = read_now(max(int(working_set_bytes), 4096), threads)

@@ -274,6 +274,13 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
 KERNEL_REFERENCE_WS = 1 * MIB  # in L2 or L3 on every host seen: what it times is the core's speed
 
 
+@lru_cache(maxsize=2)
+def _reference_buffer(nbytes: int) -> CurveBuffer:
+    """kernel_reference's weight bytes, written once per size and process (a sweep times
+    the kernel before every point)."""
+    return CurveBuffer(nbytes)
+
+
 def kernel_reference(threads: int, rows: int = 1024, cols: int = 1024,
                      working_set_bytes: int = KERNEL_REFERENCE_WS) -> dict[str, float | int | str]:
     """The engine's 4-row ternary pass timed now on cache-resident matrices of (rows, cols)
@@ -288,7 +295,7 @@ def kernel_reference(threads: int, rows: int = 1024, cols: int = 1024,
         if not (isinstance(v, int) and v >= 1):
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     split = "serial" if threads == 1 else "experts"
-    buf = CurveBuffer(working_set_bytes + _weight_bytes("ternary_matvec", rows, cols) * threads)
+    buf = _reference_buffer(working_set_bytes + _weight_bytes("ternary_matvec", rows, cols) * threads)
     c = measure_curve("ternary_matvec", split, threads, (working_set_bytes,), buf,
                       timing=TimingConfig(min_time_s=0.03, repeats=5, warmup_s=0.01), shape=(rows, cols))
     return {"op": c.op, "split": c.split, "threads": c.threads, "rows": rows, "cols": cols,

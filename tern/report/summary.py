@@ -170,12 +170,12 @@ def measure_answer(h: dict[str, Any]) -> str:
         parts.append(f"meets its targets: {num(h['meets_targets'])}")
     drifted = h.get("host_drifted_points")
     if drifted and h.get("points"):
-        from tern.measure.hosts import DRIFT_SHARE, DRIFT_TOLERANCE
+        from tern.measure.hosts import DRIFT_TOLERANCE, host_drifted
 
         medians = ", ".join(f"{name} {num(h[key])}x" for name, key in
                             (("read", "host_read_over_probe_median"), ("kernel", "host_kernel_over_probe_median"))
                             if h.get(key) is not None)
-        if drifted >= DRIFT_SHARE * h["points"]:
+        if host_drifted({"drifted": drifted, "n": h["points"]}):
             parts.append(f"the host drifted: at {num(drifted)} of {num(h['points'])} points its read rate or kernel "
                          f"speed was more than ±{num(100 * DRIFT_TOLERANCE)} % from its probe's (medians: "
                          f"{medians}): re-run on a quiet machine")
