@@ -621,23 +621,31 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
                 for i in range(D):
                     acc[i] += w * eo_all[j, i]
         else:
-            Gr = routed_globals(G)
-            mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
-            j = 0
-            for e in range(E):
-                w = np.float32(0.0)
-                if j < k and chosen[j] == e:
-                    w = wk[j]
-                    j += 1
-                elif G[G_MOE_SKIP]:
-                    continue
-                gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
-                          T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
-                          T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
-                for i in range(D):
-                    acc[i] += w * eo[i]
+            routed_sequential(buf, aux, G, routed_globals(G), T, l, chosen, wk, E, H, k, xq, xs, xd,
+                              g, u, hq, hd, eps, eo, acc)
     for i in range(D):
         x[i] += acc[i]
+
+
+@numba.njit(cache=True)
+def routed_sequential(buf, aux, G, Gr, T, l, chosen, wk, E, H, k, xq, xs, xd, g, u, hq, hd, eps, eo, acc):
+    """acc (D,) += the routed experts of layer l one after another (``Gr``: the globals they
+    run with): the chosen ones (MoE skip) or every expert, weight 0 for those not chosen."""
+    D = G[G_D]
+    mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
+    j = 0
+    for e in range(E):
+        w = np.float32(0.0)
+        if j < k and chosen[j] == e:
+            w = wk[j]
+            j += 1
+        elif G[G_MOE_SKIP]:
+            continue
+        gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                  T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                  T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
+        for i in range(D):
+            acc[i] += w * eo[i]
 
 
 @numba.njit(cache=True)

@@ -20,6 +20,12 @@ from tern.core.config import ModelConfig, param_counts
 # persistent per-token region replaces the per-matrix ones.
 PAR_MIN_WEIGHTS = 1 << 20
 
+# The engine's region option (tern.kernels.ops_region: one parallel region per token):
+# matrices of at least REGION_MIN_WEIGHTS weights are split into REGION_ITEMS_PER_THREAD
+# row ranges per thread, claimed by whichever thread is free.
+REGION_MIN_WEIGHTS = 1 << 14
+REGION_ITEMS_PER_THREAD = 1
+
 
 @dataclass(frozen=True)
 class EnginePolicy:

@@ -19,6 +19,10 @@ computes the same model (docs/MODEL.md):
 - ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
   ``par_min_weights`` weights (smaller ones stay serial: a parallel region costs more than
   they do); every reduction keeps its order, so logits are identical to ``threads=1``.
+- ``region`` (with ``threads > 1``): the whole token in ONE parallel region
+  (tern.kernels.ops_region): the threads walk the token's phases together, every matrix
+  of at least REGION_MIN_WEIGHTS weights split into row ranges, a MoE layer's chosen
+  experts shared out, no region started per matrix. Same logits.
 - ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
   packed bytes) in
   a pool that cannot stay in the last-level cache are read one row per pass, a single
@@ -64,11 +68,13 @@ import numpy as np
 
 from tern.core.config import tensor_specs
 from tern.core.host_caches import host_llc_bytes
-from tern.kernels import ops
+from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2, pack_ternary_b3
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
+    REGION_ITEMS_PER_THREAD,
+    REGION_MIN_WEIGHTS,
     STREAM_MAX_ROW_BYTES,
     STREAM_MIN_ROW_BYTES,
     act_skip_applies,
@@ -76,9 +82,10 @@ from tern.kernels.policy import (
     copy_weights,
     stream_row_bytes,
 )
+from tern.kernels.region import phase_counters
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
-from tern.run.weights import available_memory_bytes, huge_page_copy
+from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
@@ -92,37 +99,14 @@ class PastMaxSeqLenWarning(UserWarning):
     """An Engine is decoding past its model's max_seq_len (see the module docstring)."""
 
 
-class _Aux:
-    """Engine-derived tensors, concatenated 64-byte aligned into one read-only buffer."""
-
-    def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
-        self.size = 0
-
-    def add(self, a: np.ndarray) -> int:
-        """Queue ``a`` (C order); returns its address (aux buffer, see tern.kernels.ops)."""
-        b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        off = self.size
-        self.parts.append(b)
-        pad = (-b.size) % 64
-        if pad:
-            self.parts.append(np.zeros(pad, np.uint8))
-        self.size += b.size + pad
-        return off * 2 + 1
-
-    def build(self) -> np.ndarray:
-        out = np.concatenate(self.parts) if self.parts else np.zeros(64, np.uint8)
-        out.flags.writeable = False  # same numba type as the read-only file buffer
-        return out
-
-
 class Engine:
     """Numba decode engine over a packed model file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike | PackedModel, threads: int = 1, kernel: str | None = None,
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
-                 stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto"):
+                 stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
+                 region: bool = False):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -148,6 +132,11 @@ class Engine:
         if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:
             raise ValueError(f"par_min_weights must be an integer >= 0, got {par_min_weights!r}")
         self.par_min_weights = int(par_min_weights)
+        if not isinstance(region, (bool, np.bool_)):
+            raise ValueError(f"region must be True or False, got {region!r}")
+        if region and not fused:
+            raise ValueError("region=True needs the fused token step (fused=True)")
+        self.region = bool(region) and self.threads > 1  # one thread: the plain token step
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
         self.stream = stream
@@ -176,7 +165,7 @@ class Engine:
     def _file_addr(self, stored: str) -> int:
         return self.model.offsets[stored] * 2
 
-    def _matrix(self, aux: _Aux, name: str, orientation: str) -> tuple[int, int]:
+    def _matrix(self, aux: AuxBuffer, name: str, orientation: str) -> tuple[int, int]:
         """(matrix address, scale address) of a BitLinear spec in this engine's kernel
         format: fp32 dequantized (rows, cols), or ternary2 packed in ``orientation``."""
         p = self.model.packing[name]
@@ -200,7 +189,7 @@ class Engine:
         flat = np.ascontiguousarray(wt).reshape(-1, wt.shape[-1])
         return aux.add((pack_ternary_b3 if b3 else pack_ternary2)(flat)), s_addr
 
-    def _dense(self, aux: _Aux, name: str) -> tuple[int, int, int]:
+    def _dense(self, aux: AuxBuffer, name: str) -> tuple[int, int, int]:
         """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
         head / router matrix: fp32, int8 and (dense16 "direct") fp16 / bf16 straight from
         the file, else fp16 / bf16 converted to fp32 at load."""
@@ -220,7 +209,7 @@ class Engine:
             if est > FP32_BASELINE_MAX_BYTES:
                 raise ValueError(f"the fp32 baseline would dequantize ~{est / 2**30:.1f} GiB of weights "
                                  f"(limit {FP32_BASELINE_MAX_BYTES / 2**30:.0f} GiB); use kernel='ternary'")
-        aux = _Aux()
+        aux = AuxBuffer()
         L = cfg.n_layers
         T = np.full((L, ops.N_FIELDS), -1, np.int64)
         LI = np.full((L, ops.N_LINTS), -1, np.int64)
@@ -322,6 +311,12 @@ class Engine:
         self._before = (self.buf, self.aux, self.G, self.T, self.LI, self.eps)
         self._after = (self.ssm_h, self.conv, self.kc, self.vc, self.pos, self.work, self.iwork, self.counts,
                        self.last, self.logits)
+        if self.region:  # ops_region.token_step_region's extra arguments
+            g_serial = self.G.copy()
+            g_serial[ops.G_PAR] = g_serial[ops.N_GLOBALS + ops.G_PAR] = 0
+            self.region_params = np.array([REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD], np.int64)
+            self._after += (g_serial, self.region_params, phase_counters(ops_region.phases_bound(self.LI)),
+                            np.zeros(4, np.float32))
 
     # ---- public API --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -352,7 +347,7 @@ class Engine:
         """``(fn, before, after)`` with ``fn(*before, token, *after)`` the bare numba
         per-token call (ops.token_step) on this engine's buffers - no checks, for timing
         the Python overhead of :meth:`step` against it."""
-        return ops.token_step, self._before, self._after
+        return (ops_region.token_step_region if self.region else ops.token_step), self._before, self._after
 
     def _past_max_seq_len(self) -> None:
         self._warn_at = 2**62  # once per Engine
@@ -371,7 +366,9 @@ class Engine:
             self._past_max_seq_len()
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if self.fused:
+        if self.region:
+            ops_region.token_step_region(*self._before, token, *self._after)
+        elif self.fused:
             ops.token_step(*self._before, token, *self._after)
         else:
             buf, aux, G, T, LI, eps = self._before
@@ -446,5 +443,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
+                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -1,5 +1,5 @@
 """Where the engine's weights live: the memory-mapped file, or a copy in anonymous memory
-backed by transparent huge pages.
+backed by transparent huge pages; and the buffer of tensors it derives at load (:class:`AuxBuffer`).
 
 A memory-mapped file is read through 4 KiB page-cache pages: every 4 KiB of weights costs a
 TLB entry, and a token sweeping hundreds of MB misses the TLB on every page. Anonymous
@@ -78,3 +78,29 @@ def mapping_stats(a: np.ndarray) -> dict[str, Any]:
             return {"rss_bytes": kb.get("Rss", 0) * 1024,
                     "huge_page_bytes": (kb.get("AnonHugePages", 0) + kb.get("FilePmdMapped", 0)) * 1024}
     return {}
+
+
+class AuxBuffer:
+    """The engine's derived tensors (tern.run.engine: dequantized fp32 matrices, row-oriented
+    copies, ...), concatenated 64-byte aligned into one read-only buffer, the ``aux`` of
+    tern.kernels.ops."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> int:
+        """Queue ``a`` (C order); returns its address (aux buffer, see tern.kernels.ops)."""
+        b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        off = self.size
+        self.parts.append(b)
+        pad = (-b.size) % 64
+        if pad:
+            self.parts.append(np.zeros(pad, np.uint8))
+        self.size += b.size + pad
+        return off * 2 + 1
+
+    def build(self) -> np.ndarray:
+        out = np.concatenate(self.parts) if self.parts else np.zeros(64, np.uint8)
+        out.flags.writeable = False  # same numba type as the read-only file buffer
+        return out

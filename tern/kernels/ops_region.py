@@ -1,0 +1,366 @@
+"""The per-token step in ONE numba parallel region (the engine's ``region`` option):
+:func:`token_step_region` computes exactly what tern.kernels.ops.token_step does, with the
+same per-row and per-expert arithmetic, so its logits are bit-identical at any thread count.
+
+Why: tern.kernels.ops splits a matrix over threads in a parallel region of its own, and
+only from ``par_min_weights`` weights (1M): each region wakes the worker threads (microseconds,
+more on a busy machine), more than a small model's matrices take, so a second thread buys a
+small model nothing. Here the threads enter once per token and walk the token's phases
+together (tern.kernels.region: claimed items, a wait between dependent phases): every
+matrix of at least ``min_weights`` weights is split into row ranges (``items_per_thread``
+per thread), a MoE layer's chosen experts are items of one phase (one expert per item, the
+single-thread kernels), and the vector work between matrices (norms, quantization,
+attention, the SSM scan, gating, residuals) is one item that one thread runs while the
+others wait. A row range is the same matrix at an address further on (``ops.mat_bytes``),
+read by the single-thread kernels with the globals of ``Gs`` (G with G_PAR = 0).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tern.kernels import ops
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, dense_row, f32
+from tern.kernels.ops import (
+    F_A,
+    F_CONV_B,
+    F_CONV_W,
+    F_D,
+    F_DT_B,
+    F_DT_W,
+    F_ED,
+    F_ED_S,
+    F_EG,
+    F_EG_S,
+    F_EU,
+    F_EU_S,
+    F_IN,
+    F_IN_S,
+    F_NORM1,
+    F_NORM2,
+    F_OUT,
+    F_OUT_S,
+    F_SD,
+    F_SD_S,
+    F_SG,
+    F_SG_S,
+    F_SU,
+    F_SU_S,
+    F_XP,
+    F_XP_S,
+    G_ACT,
+    G_ACT_SKIP,
+    G_D,
+    G_DI,
+    G_EMBED,
+    G_EMBED_KIND,
+    G_EMBED_S,
+    G_HEAD,
+    G_HEAD_KIND,
+    G_HEAD_S,
+    G_K,
+    G_KERNEL,
+    G_MOE_SKIP,
+    G_N,
+    G_NH,
+    G_NL,
+    G_NORM_F,
+    G_R,
+    G_THREADS,
+    G_V,
+    G_WIN,
+    KERNEL_TERNARY,
+    KIND_SSM,
+    L_E,
+    L_HE,
+    L_HSH,
+    L_KIND,
+    L_MOE,
+    L_NSH,
+    L_STATE,
+    L_TOPK,
+)
+from tern.kernels.region import STRIDE, claim, finish, wait_done
+
+# Region parameters ``rp`` (int64): [min_weights, items_per_thread]. Defaults measured in
+# tern.run.engine (REGION_PARAMS).
+RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
+ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
+# scal (float32, >= 3): the activation scales one phase's item computes for the next phase
+S_MIX, S_FFN, S_HID = 0, 1, 2
+
+
+def phases_bound(LI: np.ndarray) -> int:
+    """Phases a token can take at most (counters to allocate): the embedding, per layer at
+    most 6 for the mixer, 1 for its residual, 3 per shared expert and 3 for the routed
+    experts, the head's 2."""
+    return 1 + sum(10 + 3 * int(n) for n in LI[:, L_NSH]) + 2
+
+
+@numba.njit(cache=True, inline="always")
+def n_items(G, rp, rows, cols):
+    """Items a (rows, cols) matrix is split into: 1 under ``min_weights`` weights."""
+    if rows * cols < rp[RP_MIN_WEIGHTS]:
+        return 1
+    return max(1, min(G[G_THREADS] * rp[RP_ITEMS], (rows + ROW_ALIGN - 1) // ROW_ALIGN))
+
+
+@numba.njit(cache=True, inline="always")
+def item_rows(rows, n, i):
+    """Rows [r0, r1) of item i of n (contiguous, ROW_ALIGN-aligned; the last may be short or empty)."""
+    per = ((rows + n - 1) // n + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
+    r0 = min(rows, i * per)
+    return r0, min(rows, r0 + per)
+
+
+@numba.njit(cache=True, inline="always")
+def solo(ctr, p):
+    """Is this thread the one that runs phase p's single item?"""
+    return claim(ctr, p) == 0
+
+
+@numba.njit(cache=True, inline="always")
+def end_solo(ctr, p, mine):
+    """Close a single-item phase (its runner counts it done; everyone waits); the next phase."""
+    if mine:
+        finish(ctr, p)
+    wait_done(ctr, p, 1)
+    return p + 1
+
+
+@numba.njit(cache=True)
+def mat_phase(ctr, p, n, buf, aux, Gs, w_addr, s_addr, rows, cols, xq, xs, xd, out, w2, s2, out2):
+    """Phase p: out (rows,) = W @ x in n row-range items, and when ``w2`` >= 0 a second
+    matrix of the same shape into out2 (items n .. 2n-1: gate and up in one phase)."""
+    total = 2 * n if w2 >= 0 else n
+    while True:
+        i = claim(ctr, p)
+        if i >= total:
+            break
+        w, s, o = (w_addr, s_addr, out) if i < n else (w2, s2, out2)
+        r0, r1 = item_rows(rows, n, i % n)
+        if r1 > r0:
+            ops.bitlinear(buf, aux, Gs, w + 2 * ops.mat_bytes(Gs, r0, cols), s + 8 * r0, r1 - r0, cols,
+                          xq, xs, xd, o[r0:r1])
+        finish(ctr, p)
+    wait_done(ctr, p, total)
+    return p + 1
+
+
+@numba.njit(cache=True)
+def head_phase(ctr, p, n, buf, aux, G, xn, logits):
+    """Phase p: logits (V,) = head @ xn in n row-range items (the stored head's own kind)."""
+    D, V, kind = G[G_D], G[G_V], G[G_HEAD_KIND]
+    row_bytes = D if kind == DENSE_INT8 else (4 * D if kind == DENSE_FP32 else 2 * D)
+    while True:
+        i = claim(ctr, p)
+        if i >= n:
+            break
+        r0, r1 = item_rows(V, n, i)
+        if r1 > r0:
+            dense_matvec(buf, aux, kind, G[G_HEAD] + 2 * row_bytes * r0, G[G_HEAD_S] + 8 * r0, r1 - r0, D,
+                         xn, logits[r0:r1], False)
+        finish(ctr, p)
+    wait_done(ctr, p, n)
+    return p + 1
+
+
+@numba.njit(cache=True)
+def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs):
+    """Phase p: eo_all[j] (D,) = chosen expert j's output, one expert per item, on thread
+    slot ``tid``'s scratch with the single-thread kernels (as ops.routed_experts_par)."""
+    D = Grs[G_D]
+    mb, db = 2 * ops.mat_bytes(Grs, H, D), 2 * ops.down_bytes(Grs, D, H)
+    while True:
+        j = claim(ctr, p)
+        if j >= k:
+            break
+        e = chosen[j]
+        ops.gated_mlp(buf, aux, Grs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
+                      T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
+                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[tid], us[tid], hqs[tid], hds[tid], eps, eo_all[j])
+        finish(ctr, p)
+    wait_done(ctr, p, k)
+    return p + 1
+
+
+PEND_EO, PEND_X = 1, 2  # work deferred to the next single-item phase: acc += eo, x += acc
+
+
+@numba.njit(cache=True, inline="always")
+def settle(pend, x, acc, eo, D):
+    """The deferred additions (``pend``: PEND_* bits), in the order ops.ffn_step makes them."""
+    if pend & PEND_EO:
+        for i in range(D):
+            acc[i] += eo[i]
+    if pend & PEND_X:
+        for i in range(D):
+            x[i] += acc[i]
+
+
+@numba.njit(cache=True)
+def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, conv, kc, vc, work, iwork, scal):
+    """The previous layer's deferred additions, then acc (D,) = Mixer_l(RMSNorm(x; norm1)) as
+    ops.mixer_step (its residual is ffn_phases' first step)."""
+    x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = ops.carve(work, G)
+    xq, hq = ops.icarve(iwork, G)
+    D, Di, N, R, K = G[G_D], G[G_DI], G[G_N], G[G_R], G[G_K]
+    mine = solo(ctr, p)
+    if mine:
+        settle(pend, x, acc, eo, D)
+        ops.rmsnorm(x, f32(buf, aux, T[l, F_NORM1], D), eps, xn)
+        scal[S_MIX] = ops.quant(G, xn, xq, xd, eps)
+    p = end_solo(ctr, p, mine)
+    if LI[l, L_KIND] == KIND_SSM:
+        si = LI[l, L_STATE]
+        p = mat_phase(ctr, p, n_items(G, rp, 2 * Di, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 2 * Di, D,
+                      xq, scal[S_MIX], xd, uz, -1, -1, uz)
+        mine = solo(ctr, p)
+        if mine:
+            cw = f32(buf, aux, T[l, F_CONV_W], K * Di).reshape(K, Di)
+            ops.causal_conv(cw, f32(buf, aux, T[l, F_CONV_B], Di), conv[si], uz[:Di], uc)
+            scal[S_MIX] = ops.quant(G, uc, xq, xd, eps)
+        p = end_solo(ctr, p, mine)
+        p = mat_phase(ctr, p, n_items(G, rp, R + 2 * N, Di), buf, aux, Gs, T[l, F_XP], T[l, F_XP_S], R + 2 * N,
+                      Di, xq, scal[S_MIX], xd, dbc, -1, -1, dbc)
+        mine = solo(ctr, p)
+        if mine:
+            dtwT = f32(buf, aux, T[l, F_DT_W], R * Di).reshape(R, Di)
+            AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
+            ops.selective_scan_step(dtwT, f32(buf, aux, T[l, F_DT_B], Di), AT, f32(buf, aux, T[l, F_D], Di),
+                                    ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
+            scal[S_MIX] = ops.quant(G, y, xq, xd, eps)
+        p = end_solo(ctr, p, mine)
+        return mat_phase(ctr, p, n_items(G, rp, D, Di), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, Di,
+                         xq, scal[S_MIX], xd, acc, -1, -1, acc)
+    ai, W = LI[l, L_STATE], G[G_WIN]
+    p = mat_phase(ctr, p, n_items(G, rp, 3 * D, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 3 * D, D,
+                  xq, scal[S_MIX], xd, uz, -1, -1, uz)
+    mine = solo(ctr, p)
+    if mine:
+        slot = t % W
+        for i in range(D):
+            kc[ai, slot, i] = uz[D + i]
+            vc[ai, slot, i] = uz[2 * D + i]
+        ops.attend(uz[:D], kc[ai], vc[ai], t, G[G_NH], sc, y)
+        scal[S_MIX] = ops.quant(G, y[:D], xq, xd, eps)
+    p = end_solo(ctr, p, mine)
+    return mat_phase(ctr, p, n_items(G, rp, D, D), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, D,
+                     xq, scal[S_MIX], xd, acc, -1, -1, acc)
+
+
+@numba.njit(cache=True)
+def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork, counts, last, scal):
+    """x += acc (the mixer's output), then FFN_l(RMSNorm(x; norm2)) into acc as ops.ffn_step;
+    returns (next phase, the additions left to the next single-item phase: PEND_*)."""
+    x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = ops.carve(work, G)
+    xq, hq = ops.icarve(iwork, G)
+    D = G[G_D]
+    has_ffn = T[l, F_NORM2] >= 0
+    mine = solo(ctr, p)
+    if mine:
+        for i in range(D):
+            x[i] += acc[i]
+        if has_ffn:
+            ops.rmsnorm(x, f32(buf, aux, T[l, F_NORM2], D), eps, xn)
+            scal[S_FFN] = ops.quant(G, xn, xq, xd, eps)
+            for i in range(D):
+                acc[i] = 0.0
+    p = end_solo(ctr, p, mine)
+    if not has_ffn:
+        return p, 0
+    pend = 0
+    H = LI[l, L_HSH]
+    for s in range(LI[l, L_NSH]):
+        mb, db = 2 * s * ops.mat_bytes(G, H, D), 2 * s * ops.down_bytes(G, D, H)
+        p = mat_phase(ctr, p, n_items(G, rp, H, D), buf, aux, Gs, T[l, F_SG] + mb, T[l, F_SG_S] + 8 * s * H, H, D,
+                      xq, scal[S_FFN], xd, g, T[l, F_SU] + mb, T[l, F_SU_S] + 8 * s * H, u)
+        skip = G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP] != 0
+        mine = solo(ctr, p)
+        if mine:
+            settle(pend, x, acc, eo, D)  # the previous shared expert's output
+            ops.gated_act(G[G_ACT], g, u, H)
+            scal[S_HID] = ops.quant_hidden(G, g[:H], hq, hd, eps)
+            if skip:  # the transposed down projection: in this item
+                ops.down_proj(buf, aux, Gs, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D, D, H, hq, scal[S_HID], hd, eo)
+        p = end_solo(ctr, p, mine)
+        if not skip:
+            p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gs, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D,
+                          D, H, hq, scal[S_HID], hd, eo, -1, -1, eo)
+        pend = PEND_EO
+    mi = LI[l, L_MOE]
+    if mi >= 0:
+        E, He, k = LI[l, L_E], LI[l, L_HE], LI[l, L_TOPK]
+        chosen = last[mi]
+        together = G[G_MOE_SKIP] != 0 and k >= 2  # the chosen experts as items of one phase
+        mine = solo(ctr, p)
+        if mine:
+            settle(pend, x, acc, eo, D)
+            ops.route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
+            for j in range(k):
+                counts[mi, chosen[j]] += 1
+            if not together:  # every expert, or one: in this item, in order
+                ops.routed_sequential(buf, aux, G, Grs, T, l, chosen, wk, E, He, k, xq, scal[S_FFN], xd,
+                                      g, u, hq, hd, eps, eo, acc)
+        p = end_solo(ctr, p, mine)
+        pend = 0
+        if together:
+            eo_all, gs, us, hds, hqs = ops.carve_experts(work, iwork, G)
+            p = experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, He, xq, scal[S_FFN], xd, eps,
+                              eo_all, gs, us, hds, hqs)
+            mine = solo(ctr, p)
+            if mine:
+                for j in range(k):  # same order and arithmetic as ops.ffn_step
+                    w = wk[j]
+                    for i in range(D):
+                        acc[i] += w * eo_all[j, i]
+            p = end_solo(ctr, p, mine)
+    return p, pend | PEND_X
+
+
+@numba.njit(cache=True)
+def _token_body(tid, buf, aux, G, Gs, Grs, rp, T, LI, eps, token, t, ssm_h, conv, kc, vc, work, iwork,
+                counts, last, logits, ctr, scal):
+    """One thread's walk through the token's phases (every thread walks the same ones)."""
+    D = G[G_D]
+    x, xn, acc, eo = work[:D], work[D:2 * D], work[2 * D:3 * D], work[3 * D:4 * D]  # as ops.carve
+    p, pend = 0, 0
+    mine = solo(ctr, p)
+    if mine:
+        dense_row(buf, aux, G[G_EMBED_KIND], G[G_EMBED], G[G_EMBED_S], token, D, x)
+    p = end_solo(ctr, p, mine)
+    for l in range(G[G_NL]):
+        p = mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, conv, kc, vc, work, iwork, scal)
+        p, pend = ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork, counts, last, scal)
+    mine = solo(ctr, p)
+    if mine:
+        settle(pend, x, acc, eo, D)
+        ops.rmsnorm(x, f32(buf, aux, G[G_NORM_F], D), eps, xn)
+    p = end_solo(ctr, p, mine)
+    p = head_phase(ctr, p, n_items(G, rp, G[G_V], D), buf, aux, G, xn, logits)
+    if tid == 0:
+        scal[scal.shape[0] - 1] = np.float32(p)  # phases used (tests check the bound)
+
+
+@numba.njit(cache=True, parallel=True)
+def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, iwork, counts, last,
+                      logits, Gserial, rp, ctr, scal):
+    """ops.token_step in one parallel region of G_THREADS threads; ``Gserial``: G with
+    G_PAR = 0 in both rows, ``rp``: region parameters, ``ctr``: phase counters
+    (tern.kernels.region, >= phases_bound phases), ``scal`` (float32, >= 4) scratch."""
+    for i in range(ctr.shape[0]):
+        ctr[i] = 0
+    t = pos[0]
+    Grs = Gserial[ops.N_GLOBALS:2 * ops.N_GLOBALS]
+    for tid in numba.prange(G[G_THREADS]):
+        _token_body(tid, buf, aux, G, Gserial, Grs, rp, T, LI, eps, token, t, ssm_h, conv, kc, vc, work, iwork,
+                    counts, last, logits, ctr, scal)
+    pos[0] += 1
+
+
+_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
+         "fastmath.py", "kernels_stored.py", "prefetch.py")
+drop_stale_cache(__file__, _DEPS, token_step_region)
+assert STRIDE >= 2

@@ -1,0 +1,111 @@
+"""The engine's one-region token step (Engine(region=True), tern.kernels.ops_region): the same
+logits as one thread, bit for bit, for every model variant and split; it completes when its
+threads run one after another; the phase counters; bad input."""
+
+import numba
+import numpy as np
+import pytest
+from conftest import SMALL
+
+from tern.kernels import ops_region
+from tern.kernels.region import STRIDE, atomic_add, atomic_load, phase_counters
+from tern.packed.writer import random_model
+from tern.run.engine import Engine
+
+needs_two = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+
+VARIANTS = {
+    "small": (SMALL, {}),  # SSM + attention, dense MLP, MoE + shared expert, dReLU (activation skip)
+    "silu": (SMALL.replace(activation="silu"), {}),  # row-oriented down projections, split
+    "fp32": (SMALL, dict(kernel="fp32")),
+    "masked": (SMALL, dict(moe_skip=False)),  # every expert: one item, in order
+    "top1": (SMALL.replace(top_k=1), {}),
+    "heads16": (SMALL.replace(embed_format="fp16", head_format="int8", router_format="bf16", tie_embeddings=False), {}),
+    "b3": (SMALL.replace(d_model=256, mlp_hidden=512, expert_hidden=256, shared_hidden=256, activation="silu",
+                         mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3"),
+           dict(b3="direct")),
+    "wide": (SMALL.replace(d_model=256, mlp_hidden=768, vocab_size=1000, expert_hidden=128, shared_hidden=128,
+                           n_heads=8, head_format="fp16", embed_format="fp16"), dict(stream="on")),
+}
+
+
+def _logits(fn_args, tokens):
+    fn, before, after = fn_args
+    out = []
+    for t in tokens:
+        fn(*before, int(t), *after)
+        out.append(after[9].copy())  # logits
+    return np.stack(out)  # (T, V)
+
+
+def _run(eng, tokens):
+    eng.reset()
+    return np.stack([eng.step(int(t)) for t in tokens])  # (T, V)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("region")
+    return {k: random_model(cfg, d / f"{k}.tern", seed=3, progress=False) for k, (cfg, _) in VARIANTS.items()}
+
+
+@needs_two
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_region_logits_identical_to_one_thread(files, variant):
+    cfg, kw = VARIANTS[variant]
+    tokens = np.arange(24) * 7 % cfg.vocab_size  # past the attention window (8)
+    ref = _run(Engine(files[variant], threads=1, **kw), tokens)
+    eng = Engine(files[variant], threads=2, region=True, **kw)
+    assert eng.describe()["region"] is True
+    for params in ([0, 1], [0, 3], [1 << 30, 2], list(eng.region_params)):  # every split, none, the default
+        eng.region_params[:] = params
+        got = _run(eng, tokens)
+        assert np.array_equal(got, ref), (variant, params)
+    # the phase count of a token stays within the counters allocated for it
+    used = int(eng.fused_call()[2][-1][-1])
+    assert 0 < used <= ops_region.phases_bound(eng.LI)
+
+
+@needs_two
+def test_region_completes_when_its_threads_run_one_after_another(files):
+    """numba does not promise that a prange's iterations run concurrently: with one numba
+    thread both walks of the token run in turn, and the first does every item."""
+    eng = Engine(files["silu"], threads=2, region=True)
+    eng.region_params[:] = [0, 2]
+    tokens = np.arange(12) * 5 % SMALL.vocab_size
+    ref = _run(Engine(files["silu"]), tokens)
+    eng.reset()
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        got = _logits(eng.fused_call(), tokens)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(got, ref)
+
+
+def test_region_bad_input_and_one_thread(files):
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="region"):
+            Engine(files["small"], threads=2, region=bad)
+    with pytest.raises(ValueError, match="fused"):
+        Engine(files["small"], threads=2, region=True, fused=False)
+    one = Engine(files["small"], threads=1, region=True)  # nothing to share: the plain step
+    assert one.describe()["region"] is False
+    with pytest.raises(ValueError, match="n_phases"):
+        phase_counters(0)
+
+
+@numba.njit(parallel=True)
+def _count_in_parallel(ctr, n):
+    for t in numba.prange(2):
+        for _ in range(n):
+            atomic_add(ctr, t * 0, 1)
+    return atomic_load(ctr, 0)
+
+
+@needs_two
+def test_atomic_counters():
+    ctr = phase_counters(2)
+    assert ctr.shape == (2 * STRIDE,) and not ctr.any()
+    assert _count_in_parallel(ctr, 100_000) == 200_000  # no increment lost between threads
