@@ -10,7 +10,9 @@ tests/measure/test_peers_op_breakdown.py). Operations are grouped into categorie
 down, router, head) and everything beyond them (embedding row, norms, activation
 quantizers, attention, SSM conv and scan, activation, residual adds; the head's category holds
 the final norm of one vector too). With threads > 1 the
-expert-parallel region of a MoE layer is one category (its gate, up and down run inside it).
+expert-parallel region of a MoE layer is one category (its gate, up and down run inside it),
+and the breakdown times the engine with ``region=False`` (a parallel region per matrix: the
+default one-region step, tern.kernels.ops_region, has no per-op timers; ``--compare`` times it).
 
 Per thread count, in one process: a warm-up, then ``--repeats`` interleaved runs of
 ``--tokens`` tokens each of (a) ``Engine.step`` (end to end, with the Python call),
@@ -246,8 +248,9 @@ def breakdown(engine, tokens: int = 32, repeats: int = 5, warmup: int = 8, seed:
     instrumented token times, and their spreads (see the module docstring)."""
     from tern.measure.ladder import time_njit, time_steps
 
-    if not engine.moe_skip or not engine.fused:
-        raise ValueError("the breakdown mirrors the default engine: moe_skip=True, fused=True")
+    if not engine.moe_skip or not engine.fused or engine.region:
+        raise ValueError("the breakdown instruments the per-matrix token step: moe_skip=True, fused=True, "
+                         "region=False (at 1 thread the default engine runs that step)")
     rng = np.random.default_rng(seed)
     stream = rng.integers(0, engine.cfg.vocab_size, size=warmup + tokens)
     hz = cycles_per_second()
@@ -374,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "fraction_of_read_now": round(row["bandwidth_fraction_same_run"], 3)}), flush=True)
         return 0
     for t in args.threads:
-        eng = Engine(path, threads=t)
+        eng = Engine(path, threads=t, region=False)  # the step timed_token_step instruments
         b = breakdown(eng, args.tokens, args.repeats, args.warmup)
         pc = param_counts(eng.cfg)
         now = read_reference(pc.total.bytes, t)  # the read rate right after the runs

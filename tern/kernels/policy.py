@@ -20,9 +20,22 @@ from tern.core.config import ModelConfig, param_counts
 # persistent per-token region replaces the per-matrix ones.
 PAR_MIN_WEIGHTS = 1 << 20
 
-# The engine's region option (tern.kernels.ops_region: one parallel region per token):
-# matrices of at least REGION_MIN_WEIGHTS weights are split into REGION_ITEMS_PER_THREAD
-# row ranges per thread, claimed by whichever thread is free.
+# The engine's ``region=True`` option (tern.kernels.ops_region) runs a token in ONE parallel
+# region: matrices of at least REGION_MIN_WEIGHTS weights are split into
+# REGION_ITEMS_PER_THREAD row ranges per thread, claimed by whichever thread is free, and a
+# MoE layer's chosen experts (top_k >= 2) are shared out one per item. Same-run A/B at 2
+# threads (AMD EPYC Zen 5, 2 cores, session 10; 1 thread, per-matrix regions and the region
+# with 1 / 2 / 4 items per thread in one process, rotating, 7 x 64 tokens), tok/s over
+# 1 thread, per-matrix -> region with 1 item per thread: peers 5.6m 1.03 -> 1.27, 28m
+# 0.99 -> 1.54, 86m 1.35 -> 1.64, 30m-e64-k4 1.56 -> 1.62 (2 items: 1.17 / 1.46 / 1.55 /
+# 1.63; 4 items: 1.26 / 1.37 / 1.44 / 1.59); the sweep's 4m-e1 / 30m-e1 1.02 / 0.99x the
+# per-matrix engine (their tokens are mostly serial work: SSM scan, activation-skip down
+# projections, vector ops); DRAM-bound models even (separate processes, 3 rounds: the 1.1B
+# 85-91 -> 82-86 tok/s, the 10B pick 122-138 -> 128, the 9.7B MoE 393-440 -> 373-497).
+# Not the default yet: priced as the per-matrix step prices split matrices, a fresh probe +
+# sweep with it on put the 2-thread sweep points at 0.55-0.80 of their predictions (the
+# probe's own small dense engine runs gain from it, the sweep's models do not); the probe
+# must time the region's phases before the predictor can price it.
 REGION_MIN_WEIGHTS = 1 << 14
 REGION_ITEMS_PER_THREAD = 1
 

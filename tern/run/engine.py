@@ -16,13 +16,15 @@ computes the same model (docs/MODEL.md):
   are then plain row matvecs. ``True`` / ``False`` force it on / off (same sums).
 - ``moe_skip``: only the top_k routed experts are computed (else all, weight 0 for the rest).
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
-- ``threads > 1``: numba-parallel matvecs over output rows for matrices of at least
-  ``par_min_weights`` weights (smaller ones stay serial: a parallel region costs more than
-  they do); every reduction keeps its order, so logits are identical to ``threads=1``.
-- ``region`` (with ``threads > 1``): the whole token in ONE parallel region
-  (tern.kernels.ops_region): the threads walk the token's phases together, every matrix
-  of at least REGION_MIN_WEIGHTS weights split into row ranges, a MoE layer's chosen
-  experts shared out, no region started per matrix. Same logits.
+- ``threads > 1``: a numba parallel region per matrix of at least ``par_min_weights``
+  weights, its rows split over the threads (smaller ones stay serial: starting a region
+  costs more than they do), and expert-parallel MoE layers. ``region=True``: the whole
+  token in ONE parallel region instead (tern.kernels.ops_region): the threads walk the
+  token's phases together, every matrix of at least REGION_MIN_WEIGHTS weights split into
+  row ranges, a MoE layer's chosen experts shared out (measured in tern.kernels.policy:
+  1.3-1.6x at 2 threads on small dense models; not yet the default, the predictor does
+  not price it). Every reduction keeps its order, so logits are identical to
+  ``threads=1`` either way.
 - ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
   packed bytes) in
   a pool that cannot stay in the last-level cache are read one row per pass, a single

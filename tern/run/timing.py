@@ -10,7 +10,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from tern.kernels import ops
+from tern.kernels import ops, ops_region
 
 
 def time_steps(engine: Any, tokens: np.ndarray) -> float:
@@ -27,6 +27,8 @@ def time_njit(engine: Any, tokens: np.ndarray) -> float:
     """Seconds per token of the bare numba call (no Python checks) over ``tokens``."""
     engine.reset()
     fn, before, after = engine.fused_call()
+    if numba.get_num_threads() != engine.threads:
+        numba.set_num_threads(engine.threads)
     t0 = time.perf_counter()
     for t in tokens:
         fn(*before, int(t), *after)
@@ -39,6 +41,14 @@ def _token_loop(buf, aux, G, T, LI, eps, tokens, ssm_h, conv, kc, vc, pos, work,
         ops.token_step(buf, aux, G, T, LI, eps, t, ssm_h, conv, kc, vc, pos, work, iwork, counts, last, logits)
 
 
+@numba.njit(cache=True)
+def _token_loop_region(buf, aux, G, T, LI, eps, tokens, ssm_h, conv, kc, vc, pos, work, iwork, counts, last,
+                       logits, Gserial, rp, ctr, scal):
+    for t in tokens:
+        ops_region.token_step_region(buf, aux, G, T, LI, eps, t, ssm_h, conv, kc, vc, pos, work, iwork, counts,
+                                     last, logits, Gserial, rp, ctr, scal)
+
+
 def time_in_numba(engine: Any, tokens: np.ndarray) -> float:
     """Seconds per token of the engine's per-token function called from a numba loop: the
     engine's work without any Python between tokens."""
@@ -48,5 +58,5 @@ def time_in_numba(engine: Any, tokens: np.ndarray) -> float:
         numba.set_num_threads(engine.threads)
     toks = np.ascontiguousarray(tokens, dtype=np.int64)
     t0 = time.perf_counter()
-    _token_loop(*before, toks, *after)
+    (_token_loop_region if engine.region else _token_loop)(*before, toks, *after)
     return (time.perf_counter() - t0) / len(toks)

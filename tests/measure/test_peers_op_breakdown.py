@@ -38,7 +38,7 @@ def test_instrumented_step_matches_the_engine(ob, model, threads):
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip("needs 2 numba threads")
     # par_min_weights 0: every matrix and the routed experts take the parallel paths at 2 threads
-    ref, eng = (Engine(model, threads=threads, par_min_weights=0) for _ in range(2))
+    ref, eng = (Engine(model, threads=threads, region=False, par_min_weights=0) for _ in range(2))
     acc = np.zeros(len(ob.CATEGORIES), np.int64)
     toks = np.random.default_rng(0).integers(0, SMALL.vocab_size, 12)  # past the window of 8
     ref.reset()
@@ -68,6 +68,9 @@ def test_breakdown_accounts_for_the_token(ob, model):
     assert b["cycles_per_second"] > 1e8
     with pytest.raises(ValueError, match="moe_skip"):
         ob.breakdown(Engine(model, moe_skip=False), tokens=1, repeats=1)
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        with pytest.raises(ValueError, match="region=False"):
+            ob.breakdown(Engine(model, threads=2, region=True), tokens=1, repeats=1)
 
 
 def test_main_writes_breakdown_and_ab_rows(ob, model, tmp_path, capsys):

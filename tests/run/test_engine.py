@@ -165,7 +165,7 @@ def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
     tokens = np.arange(40) * 5 % SMALL.vocab_size
     kw = dict(kernel=kernel, act_skip=kernel == "ternary")
     one = _engine_logits(Engine(path, threads=1, **kw), tokens)
-    two = _engine_logits(Engine(path, threads=2, par_min_weights=0, **kw), tokens)  # all parallel
+    two = _engine_logits(Engine(path, threads=2, region=False, par_min_weights=0, **kw), tokens)  # all parallel
     assert np.array_equal(one, two)
 
 
@@ -184,7 +184,7 @@ def test_16bit_tables_read_as_stored(tmp_path, fmt, tied):
     assert direct.aux.size + SMALL.vocab_size * SMALL.d_model * 4 <= expand.aux.size  # no fp32 table
     assert np.array_equal(_engine_logits(direct, tokens), ref)
     if numba.config.NUMBA_NUM_THREADS >= 2:
-        assert np.array_equal(_engine_logits(Engine(path, threads=2, par_min_weights=0), tokens), ref)
+        assert np.array_equal(_engine_logits(Engine(path, threads=2, region=False, par_min_weights=0), tokens), ref)
     with pytest.raises(ValueError, match="dense16"):
         Engine(path, dense16="fp32")
 
@@ -224,8 +224,8 @@ def test_act_skip_auto_follows_the_policy(small_file, tmp_path):
     assert not auto.act_skip and auto.describe()["act_skip"] is False
     tokens = np.arange(30) * 7 % SMALL.vocab_size
     ref = _engine_logits(auto, tokens)
-    for kw in (dict(act_skip=True), dict(act_skip=True, threads=2, par_min_weights=0),
-               dict(act_skip=False, threads=2, par_min_weights=0)):
+    for kw in (dict(act_skip=True), dict(act_skip=True, threads=2, region=False, par_min_weights=0),
+               dict(act_skip=False, threads=2, region=False, par_min_weights=0)):
         if kw.get("threads", 1) > numba.config.NUMBA_NUM_THREADS:
             continue
         assert np.array_equal(_engine_logits(Engine(silu, **kw), tokens), ref)

@@ -27,8 +27,8 @@ def b3_file(tmp_path_factory):
 def test_direct_equals_expand(b3_file):
     tokens = np.arange(14) * 7 % B3.vocab_size
     ref = _logits(Engine(b3_file, b3="expand"), tokens)
-    for kw in (dict(), dict(threads=2, par_min_weights=0), dict(threads=2), dict(act_skip=False),
-               dict(act_skip=False, threads=2, par_min_weights=0), dict(fused=False), dict(moe_skip=False)):
+    for kw in (dict(), dict(threads=2, region=False, par_min_weights=0), dict(threads=2), dict(act_skip=False),
+               dict(act_skip=False, threads=2, region=False, par_min_weights=0), dict(fused=False), dict(moe_skip=False)):
         eng = Engine(b3_file, b3="direct", **kw)
         assert eng.G[ops.G_B3] == 1 and eng.describe()["b3_direct"], kw
         assert np.array_equal(_logits(eng, tokens), ref), kw

@@ -84,6 +84,20 @@ def test_region_completes_when_its_threads_run_one_after_another(files):
     assert np.array_equal(got, ref)
 
 
+@needs_two
+def test_region_timing_helpers(files):
+    """tern.run.timing's bare-call and in-numba loops run the region's step (the engine's
+    fused_call), token by token as Engine.step does."""
+    from tern.run.timing import time_in_numba, time_njit
+
+    eng = Engine(files["silu"], threads=2, region=True)
+    tokens = np.arange(10) * 3 % SMALL.vocab_size
+    ref = _run(Engine(files["silu"]), tokens)[-1]
+    for timer in (time_njit, time_in_numba):
+        assert timer(eng, tokens) > 0
+        assert eng.position == len(tokens) and np.array_equal(eng.logits, ref)
+
+
 def test_region_bad_input_and_one_thread(files):
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match="region"):
@@ -92,6 +106,8 @@ def test_region_bad_input_and_one_thread(files):
         Engine(files["small"], threads=2, region=True, fused=False)
     one = Engine(files["small"], threads=1, region=True)  # nothing to share: the plain step
     assert one.describe()["region"] is False
+    if numba.config.NUMBA_NUM_THREADS >= 2:  # the default: a parallel region per matrix
+        assert not Engine(files["small"], threads=2).region
     with pytest.raises(ValueError, match="n_phases"):
         phase_counters(0)
 
