@@ -42,6 +42,7 @@ from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
 
+REGION_ENGINE = "tern-region"  # rows of tern's one-region step (run_peers(region=True))
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
                     "tern alone. To build it from the llama-cpp-python source distribution: "
@@ -52,7 +53,7 @@ HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on
 
 JSON_FIELDS = """\
   peers: bench, records, llama_bench (path or null), note, host (profile label or null), errors,
-    rows: [{kind: peers, run_id, engine (tern | llama.cpp), shape, dims (d/layers/ffn/vocab),
+    rows: [{kind: peers, run_id, engine (tern | tern-region | llama.cpp), shape, dims (d/layers/ffn/vocab),
       config, model_file, file_bytes, threads, tokens, repeats, warmup, total_params,
       active_params, bytes_per_token, working_set_bytes, engine_bytes_per_token (tern),
       tok_per_s (median), tok_per_s_min, tok_per_s_max, spread_rel, samples_tok_per_s,
@@ -250,9 +251,11 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               llama_bench: Path | None = None, llama_label: str | None = None,
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
-              read_now: ReadNow | None = read_reference) -> dict[str, Any]:
+              read_now: ReadNow | None = read_reference, region: bool = False) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
+    ``region``: at threads > 1 also tern's one-region step (Engine(region=True): engine
+    ``tern-region``).
     ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
     before each engine's run: the rows' ``bandwidth_fraction_same_run``."""
     from tern.core.paths import results_dir
@@ -284,6 +287,14 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
                              {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
+            if region and t > 1:
+                _log(progress, f"peers {shape.name}: tern (one region per token), {t} thread(s)")
+                ref = read_now(counts["working_set_bytes"], t) if read_now else None
+                m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens,
+                                                                  repeats, warmup, region=True))
+                rows.append(_row(shape, REGION_ENGINE, tern_path, t, m, counts, host,
+                                 {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
+                append_jsonl(records, rows[-1])
             if gguf is None:
                 continue
             _log(progress, f"peers {shape.name}: llama.cpp, {t} thread(s)")
@@ -330,7 +341,13 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in latest_rows(rows):
         e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
-        key = "tern" if r["engine"] == "tern" else "llama"
+        key = {"tern": "tern", REGION_ENGINE: "tern_region"}.get(r["engine"], "llama")
+        if key == "tern_region":  # same file and bytes as the tern row
+            cell = e["by_threads"].setdefault(r["threads"], {})
+            cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
+                         "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
+                         "fraction_now": r.get("bandwidth_fraction_same_run")}
+            continue
         e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
         cell = e["by_threads"].setdefault(r["threads"], {})
         cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
@@ -341,6 +358,10 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if "tern" in cell and "llama" in cell:
                 cell["tern_over_llama"] = cell["tern"]["tok_per_s"] / cell["llama"]["tok_per_s"]
                 cell["tern_over_llama_per_byte"] = cell["tern"]["gbps"] / cell["llama"]["gbps"]
+            if "tern_region" in cell and "llama" in cell:
+                cell["region_over_llama"] = cell["tern_region"]["tok_per_s"] / cell["llama"]["tok_per_s"]
+            if "tern_region" in cell and "tern" in cell:
+                cell["region_over_tern"] = cell["tern_region"]["tok_per_s"] / cell["tern"]["tok_per_s"]
     return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
 
 
@@ -357,12 +378,19 @@ _TEXT_TABLES = (
 )
 
 
+_REGION_COLS = (("region", "tern_region", "tok_per_s", 8, ".1f"), ("/llama", None, "region_over_llama", 6, ".2f"),
+                ("/tern", None, "region_over_tern", 5, ".2f"))
+
+
 def render_peers(result: dict[str, Any]) -> str:
-    """Text tables of :func:`peers_table`: tok/s, then GB/s and fraction of read bandwidth."""
+    """Text tables of :func:`peers_table`: tok/s, then GB/s and fraction of read bandwidth;
+    with ``tern-region`` rows, the tok/s table adds their columns."""
     table = peers_table(result["rows"])
     threads = sorted({t for e in table for t in e["by_threads"]})
+    has_region = any("tern_region" in c for e in table for c in e["by_threads"].values())
     lines = []
-    for title, cols in _TEXT_TABLES:
+    for i, (title, cols) in enumerate(_TEXT_TABLES):
+        cols = cols + _REGION_COLS if i == 0 and has_region else cols
         head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
         head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)
         lines += [title, head]
@@ -410,6 +438,8 @@ def cli_configure_peers(p: Any) -> None:
     p.add_argument("--llama-label", default=None,
                    help="recorded with llama.cpp rows (e.g. its source when the build reports commit 'unknown')")
     p.add_argument("--no-llama", action="store_true", help="measure tern alone")
+    p.add_argument("--region", action="store_true",
+                   help="at threads > 1 also time tern's one-region step (Engine(region=True)): rows of engine tern-region")
     p.add_argument("--no-read-reference", action="store_true",
                    help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
@@ -432,7 +462,7 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
               file=sys.stderr)
     res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
                     warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
-                    host=host, read_now=None if args.no_read_reference else read_reference)
+                    host=host, read_now=None if args.no_read_reference else read_reference, region=args.region)
     if args.no_llama:
         res["note"] = "llama.cpp not measured (--no-llama)"
     return res

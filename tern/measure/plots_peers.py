@@ -15,7 +15,8 @@ from tern.core.host_queries import bandwidth_gbps
 from tern.core.records import read_jsonl
 from tern.measure.peers import latest_rows
 
-ENGINE_STYLE = {"tern": {"color": "C0", "marker": "o"}, "llama.cpp": {"color": "C3", "marker": "s"}}
+ENGINE_STYLE = {"tern": {"color": "C0", "marker": "o"}, "tern-region": {"color": "C2", "marker": "^"},
+                "llama.cpp": {"color": "C3", "marker": "s"}}
 THREAD_LINES = ("-", "--", ":", "-.")
 
 

@@ -122,6 +122,7 @@ class SweepPoint:
     repeats: int = 3
     warmup: int = 16
     min_time_s: float = 0.0  # each sample repeats its run of ``tokens`` until it timed this long
+    region: bool = False  # the engine's one-region step (Engine(region=True); threads > 1)
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
@@ -129,6 +130,8 @@ class SweepPoint:
                              f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
         if not (isinstance(self.min_time_s, (int, float)) and 0 <= self.min_time_s <= 60):
             raise ValueError(f"sweep point min_time_s must be seconds in [0, 60], got {self.min_time_s!r}")
+        if not isinstance(self.region, bool):
+            raise ValueError(f"sweep point region must be True or False, got {self.region!r}")
 
     @property
     def key(self) -> str:
@@ -136,6 +139,8 @@ class SweepPoint:
                 "repeats": self.repeats, "warmup": self.warmup, "v": MEASURE_VERSION}
         if self.min_time_s:  # keys of points measured before samples had a minimum time stay valid
             spec["min_time_s"] = float(self.min_time_s)
+        if self.region:  # likewise
+            spec["region"] = True
         blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -188,6 +193,8 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
     cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
            "--tokens", str(point.tokens), "--repeats", str(point.repeats),
            "--warmup", str(point.warmup), "--min-time-s", repr(float(point.min_time_s))]
+    if point.region:
+        cmd.append("--region")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
         raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n"

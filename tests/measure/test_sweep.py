@@ -230,6 +230,26 @@ def test_sweep_point_min_time_is_validated_and_old_keys_stay():
     for bad in (-0.1, float("nan"), None):
         with pytest.raises(ValueError, match="min_time_s"):
             SweepPoint("fixed_active", "t", TINY, 1, min_time_s=bad)
+    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8, region=True).key != SweepPoint(
+        "fixed_active", "t", TINY, 2, tokens=8).key  # the one-region engine is another measurement
+    with pytest.raises(ValueError, match="region"):
+        SweepPoint("fixed_active", "t", TINY, 2, region="yes")
+
+
+def test_worker_runs_the_region_engine(tmp_path):
+    """measure_in_subprocess passes --region to the worker, which decodes with Engine(region=True)."""
+    import numba
+
+    from tern.measure.sweep import measure_in_subprocess
+    from tern.packed.writer import random_model
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 numba threads")
+    path = random_model(TINY, tmp_path / "t.tern", seed=0, progress=False)
+    for region in (False, True):
+        m = measure_in_subprocess(path, SweepPoint("fixed_active", "t", TINY, 2, tokens=4, repeats=1, warmup=1,
+                                                   region=region))
+        assert m["engine"]["region"] is region and m["tok_per_s"] > 0
 
 
 def test_full_sweep_points_time_every_sample_long_enough():
