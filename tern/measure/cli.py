@@ -13,7 +13,8 @@ from tern.measure.frontier import JSON_FIELDS as FRONTIER_FIELDS
 from tern.measure.hosts import drift_summary, drift_text
 from tern.measure.ladder import render_ladder, run_ladder
 from tern.measure.peers import JSON_FIELDS as PEERS_FIELDS
-from tern.measure.peers import cli_configure_peers, cli_run_peers, render_peers
+from tern.measure.peers import cli_configure_peers, cli_run_peers
+from tern.measure.peers_table import render_peers
 from tern.measure.sweep import (
     FULL_TIMING,
     accuracy,

@@ -38,11 +38,11 @@ from tern.core.host_caches import host_llc_bytes
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
+from tern.measure.peers_table import REGION_ENGINE
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
 
-REGION_ENGINE = "tern-region"  # rows of tern's one-region step (run_peers(region=True))
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
                     "tern alone. To build it from the llama-cpp-python source distribution: "
@@ -189,7 +189,6 @@ MeasureTern = Callable[[Path, SweepPoint], dict[str, Any]]
 MeasureLlama = Callable[[Path, Path, int, int, int], dict[str, Any]]
 _SUMMARY = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "spread_rel", "repeats", "samples_tok_per_s",
             "host_activity")
-BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
 
 
 def _row(shape: PeerShape, engine: str, path: Path, threads: int, m: dict[str, Any], counts: dict[str, int],
@@ -320,105 +319,6 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
 def _log(progress: bool, msg: str) -> None:
     if progress:
         print(msg, file=sys.stderr, flush=True)
-
-
-# ---- rows -> tables ---------------------------------------------------------------------------
-
-
-def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last row of each (engine, shape, threads) in file order (later runs win)."""
-    last: dict[tuple, dict[str, Any]] = {}
-    for r in rows:
-        if r.get("kind") == "peers":
-            last[(r["engine"], r["shape"], r["threads"])] = r
-    return list(last.values())
-
-
-def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
-    each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
-    read bandwidth, and tern / llama.cpp."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in latest_rows(rows):
-        e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
-        key = {"tern": "tern", REGION_ENGINE: "tern_region"}.get(r["engine"], "llama")
-        if key == "tern_region":  # same file and bytes as the tern row
-            cell = e["by_threads"].setdefault(r["threads"], {})
-            cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
-                         "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
-                         "fraction_now": r.get("bandwidth_fraction_same_run")}
-            continue
-        e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
-        cell = e["by_threads"].setdefault(r["threads"], {})
-        cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
-                     "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
-                     "fraction_now": r.get("bandwidth_fraction_same_run")}
-    for e in out.values():
-        for cell in e["by_threads"].values():
-            if "tern" in cell and "llama" in cell:
-                cell["tern_over_llama"] = cell["tern"]["tok_per_s"] / cell["llama"]["tok_per_s"]
-                cell["tern_over_llama_per_byte"] = cell["tern"]["gbps"] / cell["llama"]["gbps"]
-            if "tern_region" in cell and "llama" in cell:
-                cell["region_over_llama"] = cell["tern_region"]["tok_per_s"] / cell["llama"]["tok_per_s"]
-            if "tern_region" in cell and "tern" in cell:
-                cell["region_over_tern"] = cell["tern_region"]["tok_per_s"] / cell["tern"]["tok_per_s"]
-    return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
-
-
-# one text table per tuple: title, per thread count [(header, engine or None, field, width, format)]
-_TEXT_TABLES = (
-    ("tok/s (median of repeats)",
-     (("llama", "llama", "tok_per_s", 9, ".1f"), ("tern", "tern", "tok_per_s", 8, ".1f"),
-      ("ratio", None, "tern_over_llama", 5, ".2f"))),
-    ("GB/s end to end (bytes per token x tok/s), fraction of the probe's read bandwidth and of the read "
-     "rate timed right before the run (now)",
-     (("GB/s llama", "llama", "gbps", 10, ".2f"), ("tern", "tern", "gbps", 6, ".2f"),
-      ("frac llama", "llama", "fraction", 10, ".2f"), ("tern", "tern", "fraction", 5, ".2f"),
-      ("now llama", "llama", "fraction_now", 9, ".2f"), ("tern", "tern", "fraction_now", 5, ".2f"))),
-)
-
-
-_REGION_COLS = (("region", "tern_region", "tok_per_s", 8, ".1f"), ("/llama", None, "region_over_llama", 6, ".2f"),
-                ("/tern", None, "region_over_tern", 5, ".2f"))
-
-
-def render_peers(result: dict[str, Any]) -> str:
-    """Text tables of :func:`peers_table`: tok/s, then GB/s and fraction of read bandwidth;
-    with ``tern-region`` rows, the tok/s table adds their columns."""
-    table = peers_table(result["rows"])
-    threads = sorted({t for e in table for t in e["by_threads"]})
-    has_region = any("tern_region" in c for e in table for c in e["by_threads"].values())
-    lines = []
-    for i, (title, cols) in enumerate(_TEXT_TABLES):
-        cols = cols + _REGION_COLS if i == 0 and has_region else cols
-        head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
-        head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)
-        lines += [title, head]
-        for e in table:
-            line = f"{e['shape']:<10} {e['dims']:<26} {_mb(e, 'tern'):>11} {_mb(e, 'llama'):>7}"
-            for t in threads:
-                c = e["by_threads"].get(t, {})
-                line += " |   "
-                for _, eng, field, w, spec in cols:
-                    v = (c.get(eng) or {}).get(field) if eng else c.get(field)
-                    line += f" {'-' if v is None else format(v, spec):>{w}}"
-            lines.append(line)
-        lines.append("")
-    busy = [f"{r['shape']} {r['engine']} {r['threads']}t ({r['host_activity']['foreign_cpu_frac']:.0%})"
-            for r in latest_rows(result["rows"])
-            if r.get("host_activity", {}).get("foreign_cpu_frac", 0) > BUSY_FRACTION]
-    if busy:
-        lines.append(f"disturbed (other processes used > {BUSY_FRACTION:.0%} of the CPUs meanwhile): " + ", ".join(busy))
-    if result.get("note"):
-        lines.append(result["note"])
-    lines += [f"error: {e}" for e in result.get("errors", [])]
-    lines.append(f"records: {result['records']}")
-    return "\n".join(lines)
-
-
-def _mb(e: dict[str, Any], key: str) -> str:
-    v = e.get(f"{key}_bytes_per_token")
-    return "-" if v is None else f"{v / 1e6:.1f}"
 
 
 # ---- `tern bench peers` -----------------------------------------------------------------------

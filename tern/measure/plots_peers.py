@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from tern.core.host_profile import HostProfile
 from tern.core.host_queries import bandwidth_gbps
 from tern.core.records import read_jsonl
-from tern.measure.peers import latest_rows
+from tern.measure.peers_table import latest_rows
 
 ENGINE_STYLE = {"tern": {"color": "C0", "marker": "o"}, "tern-region": {"color": "C2", "marker": "^"},
                 "llama.cpp": {"color": "C3", "marker": "s"}}

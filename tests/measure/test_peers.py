@@ -20,14 +20,12 @@ from tern.measure.peers import (  # noqa: E402
     dense_shape,
     find_llama_bench,
     host_activity,
-    latest_rows,
     parse_llama_bench,
-    peers_table,
-    render_peers,
     run_peers,
     select_shapes,
     tern_counts,
 )
+from tern.measure.peers_table import latest_rows, peers_table, render_peers  # noqa: E402
 from tern.measure.plots_peers import peers_rows, plot_peers, plot_utilisation  # noqa: E402
 from tern.measure.utilisation import decode_utilisation  # noqa: E402
 from tern.predict.roofline import synthetic_profile  # noqa: E402
