@@ -35,9 +35,10 @@ PAR_MIN_WEIGHTS = 1 << 20
 # Not the default yet: priced as the per-matrix step prices split matrices, a fresh probe +
 # sweep with it on put the 2-thread sweep points at 0.55-0.80 of their predictions (the
 # probe's own small dense engine runs gain from it, the sweep's models do not); the probe
-# must time the region's phases before the predictor can price it. And beside one busy
+# must time the region's phases before the predictor can price it. Beside one busy
 # process on one of the 2 cores it ran at 0.50 / 0.71x one thread (peers 5.6m / 28m; its
-# spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x.
+# spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x;
+# with the stall watch (tern.run.region_watch) 0.98 / 0.94x.
 REGION_MIN_WEIGHTS = 1 << 14
 REGION_ITEMS_PER_THREAD = 1
 

@@ -18,13 +18,11 @@ computes the same model (docs/MODEL.md):
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
 - ``threads > 1``: a numba parallel region per matrix of at least ``par_min_weights``
   weights, its rows split over the threads (smaller ones stay serial: starting a region
-  costs more than they do), and expert-parallel MoE layers. ``region=True``: the whole
-  token in ONE parallel region instead (tern.kernels.ops_region): the threads walk the
-  token's phases together, every matrix of at least REGION_MIN_WEIGHTS weights split into
-  row ranges, a MoE layer's chosen experts shared out (measured in tern.kernels.policy:
-  1.3-1.6x at 2 threads on small dense models; not yet the default, the predictor does
-  not price it). Every reduction keeps its order, so logits are identical to
-  ``threads=1`` either way.
+  costs more than they do), and expert-parallel MoE layers. ``region=True``: the token in
+  ONE parallel region (tern.kernels.ops_region; rules and measurements in
+  tern.kernels.policy; not the default: the predictor does not price it), falling back to
+  the per-matrix step while it stalls on a busy core (tern.run.region_watch). Every
+  reduction keeps its order: logits are identical to ``threads=1`` either way.
 - ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
   packed bytes) in
   a pool that cannot stay in the last-level cache are read one row per pass, a single
@@ -87,6 +85,7 @@ from tern.kernels.policy import (
 from tern.kernels.region import phase_counters
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
+from tern.run.region_watch import RegionRunner
 from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy
 
 KERNELS = ("ternary", "fp32")
@@ -319,6 +318,7 @@ class Engine:
             self.region_params = np.array([REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD], np.int64)
             self._after += (g_serial, self.region_params, phase_counters(ops_region.phases_bound(self.LI)),
                             np.zeros(4, np.float32))
+            self.region_runner = RegionRunner(self._before, self._after)
 
     # ---- public API --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -368,8 +368,8 @@ class Engine:
             self._past_max_seq_len()
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if self.region:
-            ops_region.token_step_region(*self._before, token, *self._after)
+        if self.region:  # the region step, or the per-matrix one while it falls back (tern.run.region_watch)
+            self.region_runner(token)
         elif self.fused:
             ops.token_step(*self._before, token, *self._after)
         else:

@@ -98,6 +98,46 @@ def test_region_timing_helpers(files):
         assert eng.position == len(tokens) and np.array_equal(eng.logits, ref)
 
 
+def test_region_watch_falls_back_after_stalls_and_retries():
+    """tern.run.region_watch: quick tokens build the baseline; one slow token is not enough,
+    STALLS_TO_SWITCH within the window switch to the per-matrix step for FALLBACK_TOKENS,
+    then the region is tried again against the same baseline."""
+    from tern.run import region_watch as rw
+
+    r = rw.RegionRunner((), ())
+    for _ in range(rw.MIN_SAMPLES - 1):
+        r.record(1e-4)
+    r.record(1.0)  # under MIN_SAMPLES: no baseline yet, it joins it
+    assert r.baseline() is not None and r.fallback_left == 0
+    r = rw.RegionRunner((), ())
+    for _ in range(rw.MIN_SAMPLES):
+        r.record(1e-4)
+    r.record(rw.STALL_FACTOR * 1e-4 * 0.9)  # slower, not stalled
+    r.record(1e-3)  # stalled once
+    assert r.fallback_left == 0 and r.baseline() == pytest.approx(1e-4)
+    r.record(1e-3)  # twice: fall back
+    assert r.fallback_left == rw.FALLBACK_TOKENS and r.switches == 1 and not any(r.stalled)
+    assert r.baseline() == pytest.approx(1e-4)  # kept for the retry
+
+
+@needs_two
+def test_region_fallback_gives_the_same_logits(files, monkeypatch):
+    """A region engine whose clock says every token stalled switches to the per-matrix step
+    and back; the logits never change."""
+    from tern.run import region_watch as rw
+
+    monkeypatch.setattr(rw, "FALLBACK_TOKENS", 3)
+    tokens = np.arange(40) * 7 % SMALL.vocab_size
+    ref = _run(Engine(files["silu"]), tokens)
+    eng = Engine(files["silu"], threads=2, region=True)
+    ticks = iter(np.cumsum([1e-4 if i < 2 * rw.MIN_SAMPLES else (1e-4 if i % 2 == 0 else 1.0)
+                            for i in range(1000)]))
+    eng.region_runner.clock = lambda: float(next(ticks))
+    got = _run(eng, tokens)
+    assert np.array_equal(got, ref)
+    assert eng.region_runner.switches >= 2  # fell back, retried, fell back again
+
+
 def test_region_bad_input_and_one_thread(files):
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match="region"):
