@@ -9,9 +9,9 @@ small model nothing. Here the threads enter once per token and walk the token's 
 together (tern.kernels.region: claimed items, a wait between dependent phases): every
 matrix of at least ``min_weights`` weights is split into row ranges (``items_per_thread``
 per thread), a MoE layer's chosen experts are items of one phase (one expert per item, the
-single-thread kernels), and the vector work between matrices (norms, quantization,
-attention, the SSM scan, gating, residuals) is one item that one thread runs while the
-others wait. A row range is the same matrix at an address further on (``ops.mat_bytes``),
+single-thread kernels; a single chosen expert's matrices are split like the others), and
+the vector work between matrices (norms, quantization, attention, the SSM scan, gating,
+residuals) is one item that one thread runs while the others wait. A row range is the same matrix at an address further on (``ops.mat_bytes``),
 read by the single-thread kernels with the globals of ``Gs`` (G with G_PAR = 0).
 """
 
@@ -94,9 +94,9 @@ S_MIX, S_FFN, S_HID = 0, 1, 2
 
 def phases_bound(LI: np.ndarray) -> int:
     """Phases a token can take at most (counters to allocate): the embedding, per layer at
-    most 6 for the mixer, 1 for its residual, 3 per shared expert and 3 for the routed
+    most 6 for the mixer, 1 for its residual, 4 per shared expert and 5 for the routed
     experts, the head's 2."""
-    return 1 + sum(10 + 3 * int(n) for n in LI[:, L_NSH]) + 2
+    return 1 + sum(12 + 4 * int(n) for n in LI[:, L_NSH]) + 2
 
 
 @numba.njit(cache=True, inline="always")
@@ -252,6 +252,30 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
 
 
 @numba.njit(cache=True)
+def expert_phases(ctr, p, buf, aux, G, Gx, rp, ga, gsa, ua, usa, da, dsa, H, eps, work, iwork, scal):
+    """eo (D,) = down(act(gate(xn), up(xn))) of one expert (a shared one, the dense MLP or a
+    single chosen one; ``Gx``: the serial globals it runs with) whose input quant_phases left
+    in xq / scal[S_FFN], as ops.gated_mlp: gate and up split in one phase, the activation
+    and its quantization in one item, the down projection split (the activation-skip one in
+    that item)."""
+    x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = ops.carve(work, G)
+    xq, hq = ops.icarve(iwork, G)
+    D = G[G_D]
+    p = mat_phase(ctr, p, n_items(G, rp, H, D), buf, aux, Gx, ga, gsa, H, D, xq, scal[S_FFN], xd, g, ua, usa, u)
+    skip = G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP] != 0
+    mine = solo(ctr, p)
+    if mine:
+        ops.gated_act(G[G_ACT], g, u, H)
+        scal[S_HID] = ops.quant_hidden(G, g[:H], hq, hd, eps)
+        if skip:  # the transposed down projection: in this item
+            ops.down_proj(buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo)
+    p = end_solo(ctr, p, mine)
+    if not skip:
+        p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo, -1, -1, eo)
+    return p
+
+
+@numba.njit(cache=True)
 def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork, counts, last, scal):
     """x += acc (the mixer's output), then FFN_l(RMSNorm(x; norm2)) into acc as ops.ffn_step;
     returns (next phase, the additions left to the next single-item phase: PEND_*)."""
@@ -275,37 +299,44 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
     H = LI[l, L_HSH]
     for s in range(LI[l, L_NSH]):
         mb, db = 2 * s * ops.mat_bytes(G, H, D), 2 * s * ops.down_bytes(G, D, H)
-        p = mat_phase(ctr, p, n_items(G, rp, H, D), buf, aux, Gs, T[l, F_SG] + mb, T[l, F_SG_S] + 8 * s * H, H, D,
-                      xq, scal[S_FFN], xd, g, T[l, F_SU] + mb, T[l, F_SU_S] + 8 * s * H, u)
-        skip = G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP] != 0
-        mine = solo(ctr, p)
+        mine = solo(ctr, p) if pend else False
         if mine:
             settle(pend, x, acc, eo, D)  # the previous shared expert's output
-            ops.gated_act(G[G_ACT], g, u, H)
-            scal[S_HID] = ops.quant_hidden(G, g[:H], hq, hd, eps)
-            if skip:  # the transposed down projection: in this item
-                ops.down_proj(buf, aux, Gs, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D, D, H, hq, scal[S_HID], hd, eo)
-        p = end_solo(ctr, p, mine)
-        if not skip:
-            p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gs, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D,
-                          D, H, hq, scal[S_HID], hd, eo, -1, -1, eo)
+        if pend:
+            p = end_solo(ctr, p, mine)
+        p = expert_phases(ctr, p, buf, aux, G, Gs, rp, T[l, F_SG] + mb, T[l, F_SG_S] + 8 * s * H, T[l, F_SU] + mb,
+                          T[l, F_SU_S] + 8 * s * H, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D, H, eps, work,
+                          iwork, scal)
         pend = PEND_EO
     mi = LI[l, L_MOE]
     if mi >= 0:
         E, He, k = LI[l, L_E], LI[l, L_HE], LI[l, L_TOPK]
         chosen = last[mi]
         together = G[G_MOE_SKIP] != 0 and k >= 2  # the chosen experts as items of one phase
+        single = G[G_MOE_SKIP] != 0 and k == 1  # the one chosen expert's matrices split in row ranges
         mine = solo(ctr, p)
         if mine:
             settle(pend, x, acc, eo, D)
             ops.route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
             for j in range(k):
                 counts[mi, chosen[j]] += 1
-            if not together:  # every expert, or one: in this item, in order
+            if not (together or single):  # every expert (no MoE skip): in this item, in order
                 ops.routed_sequential(buf, aux, G, Grs, T, l, chosen, wk, E, He, k, xq, scal[S_FFN], xd,
                                       g, u, hq, hd, eps, eo, acc)
         p = end_solo(ctr, p, mine)
         pend = 0
+        if single:  # chosen is this layer's and stays until the next token: read after the routing phase
+            e = chosen[0]
+            mb, db = 2 * ops.mat_bytes(Grs, He, D), 2 * ops.down_bytes(Grs, D, He)
+            p = expert_phases(ctr, p, buf, aux, G, Grs, rp, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * He,
+                              T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * He, T[l, F_ED] + e * db,
+                              T[l, F_ED_S] + 8 * e * D, He, eps, work, iwork, scal)
+            mine = solo(ctr, p)
+            if mine:
+                w = wk[0]  # as ops.routed_sequential
+                for i in range(D):
+                    acc[i] += w * eo[i]
+            p = end_solo(ctr, p, mine)
         if together:
             eo_all, gs, us, hds, hqs = ops.carve_experts(work, iwork, G)
             p = experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, He, xq, scal[S_FFN], xd, eps,
