@@ -32,10 +32,13 @@ PAR_MIN_WEIGHTS = 1 << 20
 # per-matrix engine (their tokens are mostly serial work: SSM scan, activation-skip down
 # projections, vector ops); DRAM-bound models even (separate processes, 3 rounds: the 1.1B
 # 85-91 -> 82-86 tok/s, the 10B pick 122-138 -> 128, the 9.7B MoE 393-440 -> 373-497).
-# Not the default yet: priced as the per-matrix step prices split matrices, a fresh probe +
-# sweep with it on put the 2-thread sweep points at 0.55-0.80 of their predictions (the
-# probe's own small dense engine runs gain from it, the sweep's models do not); the probe
-# must time the region's phases before the predictor can price it. Beside one busy
+# Not the default: the predictor does not price it. Priced as the per-matrix step prices
+# split matrices, a fresh probe + sweep with it on put the 2-thread sweep points at
+# 0.55-0.80 of their predictions; priced as concurrent single-thread kernels (the "experts"
+# curves), a second one (a disturbed hour) at 0.57-1.03, median 0.74 (the probe's own
+# small dense engine runs gain from it, the sweep's SSM / activation-skip models hardly);
+# a phase costs only 57-88 ns at 2 threads (/tmp micro-benchmark), so the serial work
+# between matrices, not the waits, is what the pricing misses. Beside one busy
 # process on one of the 2 cores it ran at 0.50 / 0.71x one thread (peers 5.6m / 28m; its
 # spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x;
 # with the stall watch (tern.run.region_watch) 0.98 / 0.94x.
