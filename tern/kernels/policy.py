@@ -37,8 +37,8 @@ PAR_MIN_WEIGHTS = 1 << 20
 # 0.55-0.80 of their predictions; priced as concurrent single-thread kernels (the "experts"
 # curves), a second one (a disturbed hour) at 0.57-1.03, median 0.74 (the probe's own
 # small dense engine runs gain from it, the sweep's SSM / activation-skip models hardly);
-# a phase costs only 57-88 ns at 2 threads (/tmp micro-benchmark), so the serial work
-# between matrices, not the waits, is what the pricing misses. Beside one busy
+# a phase costs only 57-88 ns at 2 threads (/tmp micro-benchmark): the waits themselves
+# are not what the pricing misses; what is, is not found yet. Beside one busy
 # process on one of the 2 cores it ran at 0.50 / 0.71x one thread (peers 5.6m / 28m; its
 # spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x;
 # with the stall watch (tern.run.region_watch) 0.98 / 0.94x.
