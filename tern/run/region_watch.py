@@ -35,14 +35,19 @@ class RegionRunner:
         self.before, self.after, self.clock = before, after, clock
         self.times: deque[float] = deque(maxlen=WINDOW)  # seconds of region tokens that did not stall
         self.stalled: deque[bool] = deque(maxlen=WINDOW)
+        self.n_stalled = 0  # sum(self.stalled), kept as tokens come and go
         self.fallback_left = 0
         self.switches = 0  # times it fell back to the per-matrix step
+        self._base: float | None = None  # baseline(), refreshed every MIN_SAMPLES tokens (a sort per token costs ~2 us)
+        self._since = 0
 
     def baseline(self) -> float | None:
         """The quick quartile of the recent unstalled region tokens (None: too few yet)."""
         if len(self.times) < MIN_SAMPLES:
             return None
-        return sorted(self.times)[len(self.times) // 4]
+        if self._base is None or self._since >= MIN_SAMPLES:
+            self._base, self._since = sorted(self.times)[len(self.times) // 4], 0
+        return self._base
 
     def record(self, seconds: float) -> None:
         """A region token took ``seconds``: count a stall, fall back after STALLS_TO_SWITCH."""
@@ -50,10 +55,15 @@ class RegionRunner:
         stalled = base is not None and seconds > STALL_FACTOR * base
         if not stalled:
             self.times.append(seconds)
+            self._since += 1
+        if len(self.stalled) == WINDOW:
+            self.n_stalled -= self.stalled[0]
         self.stalled.append(stalled)
-        if sum(self.stalled) >= STALLS_TO_SWITCH:
+        self.n_stalled += stalled
+        if self.n_stalled >= STALLS_TO_SWITCH:
             self.fallback_left = FALLBACK_TOKENS
             self.stalled.clear()
+            self.n_stalled = 0
             self.switches += 1
 
     def __call__(self, token: int) -> None:

@@ -116,8 +116,13 @@ def test_region_watch_falls_back_after_stalls_and_retries():
     r.record(1e-3)  # stalled once
     assert r.fallback_left == 0 and r.baseline() == pytest.approx(1e-4)
     r.record(1e-3)  # twice: fall back
-    assert r.fallback_left == rw.FALLBACK_TOKENS and r.switches == 1 and not any(r.stalled)
+    assert r.fallback_left == rw.FALLBACK_TOKENS and r.switches == 1 and not any(r.stalled) and r.n_stalled == 0
     assert r.baseline() == pytest.approx(1e-4)  # kept for the retry
+    r = rw.RegionRunner((), ())  # stalls further apart than the window do not add up
+    for i in range(rw.MIN_SAMPLES + 3 * rw.WINDOW):
+        r.record(1e-3 if i >= rw.MIN_SAMPLES and i % rw.WINDOW == 0 else 1e-4)
+        assert r.n_stalled == sum(r.stalled)
+    assert r.switches == 0
 
 
 @needs_two
