@@ -22,7 +22,8 @@ import numpy as np
 
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, dense_row, f32
+from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, dense_row, f32, u8
+from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_BYTES, SEG_COLS, _skip_segments, skip_groups
 from tern.kernels.ops import (
     F_A,
     F_CONV_B,
@@ -88,6 +89,8 @@ from tern.kernels.region import STRIDE, claim, finish, wait_done
 # tern.run.engine (REGION_PARAMS).
 RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
 ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
+# the activation-skip down projection split over 256-output segments (its SIMD form only)
+SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
 # scal (float32, >= 3): the activation scales one phase's item computes for the next phase
 S_MIX, S_FFN, S_HID = 0, 1, 2
 
@@ -95,7 +98,7 @@ S_MIX, S_FFN, S_HID = 0, 1, 2
 def phases_bound(LI: np.ndarray) -> int:
     """Phases a token can take at most (counters to allocate): the embedding, per layer at
     most 6 for the mixer, 1 for its residual, 4 per shared expert and 5 for the routed
-    experts, the head's 2."""
+    experts (a down projection is one phase, split or not), the head's 2."""
     return 1 + sum(12 + 4 * int(n) for n in LI[:, L_NSH]) + 2
 
 
@@ -256,8 +259,8 @@ def expert_phases(ctr, p, buf, aux, G, Gx, rp, ga, gsa, ua, usa, da, dsa, H, eps
     """eo (D,) = down(act(gate(xn), up(xn))) of one expert (a shared one, the dense MLP or a
     single chosen one; ``Gx``: the serial globals it runs with) whose input quant_phases left
     in xq / scal[S_FFN], as ops.gated_mlp: gate and up split in one phase, the activation
-    and its quantization in one item, the down projection split (the activation-skip one in
-    that item)."""
+    and its quantization in one item, the down projection split (the activation-skip one
+    over output segments, :func:`skip_phase`)."""
     x, xn, acc, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = ops.carve(work, G)
     xq, hq = ops.icarve(iwork, G)
     D = G[G_D]
@@ -267,12 +270,40 @@ def expert_phases(ctr, p, buf, aux, G, Gx, rp, ga, gsa, ua, usa, da, dsa, H, eps
     if mine:
         ops.gated_act(G[G_ACT], g, u, H)
         scal[S_HID] = ops.quant_hidden(G, g[:H], hq, hd, eps)
-        if skip:  # the transposed down projection: in this item
+        if skip and not SKIP_SEGMENTS:  # the plain skip kernel has no segment form: in this item
             ops.down_proj(buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo)
     p = end_solo(ctr, p, mine)
+    if skip and SKIP_SEGMENTS:
+        nseg = (D + SEG_COLS - 1) // SEG_COLS  # items of whole output segments
+        n = 1 if D * H < rp[RP_MIN_WEIGHTS] else max(1, min(G[G_THREADS] * rp[RP_ITEMS], nseg))
+        return skip_phase(ctr, p, n, buf, aux, da, dsa, D, H, hq, scal[S_HID], eo)
     if not skip:
         p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo, -1, -1, eo)
     return p
+
+
+@numba.njit(cache=True)
+def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
+    """Phase p: out (D,) = the activation-skip down projection (the transposed (H, D)
+    matrix at ``w_addr``, tern.kernels.kernels_ternary) in n items of whole 256-output
+    segments, each over every nonzero hidden unit in the kernel's own order."""
+    rb = (D + 3) // 4
+    packed_t = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
+    row_scale = f32(buf, aux, s_addr, D)
+    nseg = (rb + SEG_BYTES - 1) // SEG_BYTES
+    per = (nseg + n - 1) // n
+    while True:
+        i = claim(ctr, p)
+        if i >= n:
+            break
+        s0 = min(nseg, i * per)
+        s1 = min(nseg, s0 + per)
+        if s1 > s0:
+            idx, qq, qsum = skip_groups(hq[:H])  # each item its own (a few us), no shared scratch
+            _skip_segments(packed_t, idx, qq, qsum, row_scale, hs, out[:D], s0, s1)
+        finish(ctr, p)
+    wait_done(ctr, p, n)
+    return p + 1
 
 
 @numba.njit(cache=True)

@@ -24,6 +24,10 @@ VARIANTS = {
     "b3": (SMALL.replace(d_model=256, mlp_hidden=512, expert_hidden=256, shared_hidden=256, activation="silu",
                          mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3"),
            dict(b3="direct")),
+    # dReLU with d_model 640: the activation-skip down projections split over 3 output
+    # segments, the last partial
+    "skipwide": (SMALL.replace(d_model=640, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
+                               vocab_size=300), {}),
     "wide": (SMALL.replace(d_model=256, mlp_hidden=768, vocab_size=1000, expert_hidden=128, shared_hidden=128,
                            n_heads=8, head_format="fp16", embed_format="fp16"), dict(stream="on")),
 }
