@@ -182,11 +182,11 @@ def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
 class _SleepyEngine:
     """Stands in for tern.run.engine.Engine: every step busy-waits ``step_s`` seconds."""
 
-    def __init__(self, step_s):
+    def __init__(self, step_s, clock=None):
         import types
 
         self.cfg = types.SimpleNamespace(vocab_size=16)
-        self.step_s, self.resets, self.steps = step_s, 0, 0
+        self.step_s, self.resets, self.steps, self.clock = step_s, 0, 0, clock
 
     def reset(self):
         self.resets += 1
@@ -196,20 +196,31 @@ class _SleepyEngine:
 
         assert 0 <= token < 16
         self.steps += 1
+        if self.clock is not None:  # a fake clock: advance it instead of waiting
+            self.clock[0] += self.step_s
+            return
         end = time.perf_counter() + self.step_s
         while time.perf_counter() < end:
             pass
 
 
-def test_time_decode_repeats_runs_until_a_sample_lasts_min_time():
+def test_time_decode_repeats_runs_until_a_sample_lasts_min_time(monkeypatch):
+    import types
+
+    import tern.run.timing
     from tern.measure.sweep_worker import time_decode
 
-    eng = _SleepyEngine(1e-3)
+    # a clock only the engine's steps advance (1 ms each): the count of runs does not depend
+    # on how busy the machine is (busy-waiting 1 ms a step, a loaded CI host ran fewer runs)
+    now = [0.0]
+    monkeypatch.setattr(tern.run.timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    eng = _SleepyEngine(1e-3, clock=now)
     r = time_decode(eng, tokens=4, repeats=3, warmup=2, min_time_s=0.02)
-    # 4 tokens x 1 ms = 4 ms per run: >= 5 runs (each from a reset state) per 20 ms sample
-    assert r["repeats"] == 3 and all(n >= 5 for n in r["runs_per_sample"])
+    # 4 tokens x 1 ms = 4 ms per run: 5 runs (each from a reset state) make a 20 ms sample
+    assert r["repeats"] == 3 and r["runs_per_sample"] == [5, 5, 5]
     assert eng.resets == 1 + sum(r["runs_per_sample"]) and eng.steps == 2 + 4 * sum(r["runs_per_sample"])
-    assert 300 < r["tok_per_s"] <= 1000 and r["min_time_s"] == 0.02
+    assert r["tok_per_s"] == pytest.approx(1000.0) and r["min_time_s"] == 0.02
+    monkeypatch.undo()
     once = time_decode(_SleepyEngine(1e-4), tokens=4, repeats=2, warmup=0)
     assert once["runs_per_sample"] == [1, 1]
     for bad in (-1.0, float("nan"), "0.2", 61):
