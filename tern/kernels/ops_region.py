@@ -83,10 +83,10 @@ from tern.kernels.ops import (
     L_STATE,
     L_TOPK,
 )
-from tern.kernels.region import STRIDE, claim, finish, wait_done
+from tern.kernels.region import claim, finish, wait_done
 
-# Region parameters ``rp`` (int64): [min_weights, items_per_thread]. Defaults measured in
-# tern.run.engine (REGION_PARAMS).
+# Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
+# and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
 RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
 ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
 # the activation-skip down projection split over 256-output segments (its SIMD form only)
@@ -425,4 +425,3 @@ def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, 
 _DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
          "fastmath.py", "kernels_stored.py", "prefetch.py")
 drop_stale_cache(__file__, _DEPS, token_step_region)
-assert STRIDE >= 2
