@@ -24,18 +24,14 @@ def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
     each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
-    read bandwidth, and tern / llama.cpp."""
+    read bandwidth, and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
+    and region / tern)."""
     out: dict[str, dict[str, Any]] = {}
     for r in latest_rows(rows):
         e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
         key = {"tern": "tern", REGION_ENGINE: "tern_region"}.get(r["engine"], "llama")
-        if key == "tern_region":  # same file and bytes as the tern row
-            cell = e["by_threads"].setdefault(r["threads"], {})
-            cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
-                         "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
-                         "fraction_now": r.get("bandwidth_fraction_same_run")}
-            continue
-        e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
+        if key != "tern_region":  # the region rows read the tern rows' file and bytes
+            e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
         cell = e["by_threads"].setdefault(r["threads"], {})
         cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
                      "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
