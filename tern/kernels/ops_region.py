@@ -111,9 +111,9 @@ def n_items(G, rp, rows, cols):
 
 
 @numba.njit(cache=True, inline="always")
-def item_rows(rows, n, i):
-    """Rows [r0, r1) of item i of n (contiguous, ROW_ALIGN-aligned; the last may be short or empty)."""
-    per = ((rows + n - 1) // n + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
+def item_rows(rows, n, i, align=ROW_ALIGN):
+    """Rows [r0, r1) of item i of n (contiguous, ``align``-aligned; the last may be short or empty)."""
+    per = ((rows + n - 1) // n + align - 1) // align * align
     r0 = min(rows, i * per)
     return r0, min(rows, r0 + per)
 
@@ -291,13 +291,11 @@ def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
     packed_t = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
     row_scale = f32(buf, aux, s_addr, D)
     nseg = (rb + SEG_BYTES - 1) // SEG_BYTES
-    per = (nseg + n - 1) // n
     while True:
         i = claim(ctr, p)
         if i >= n:
             break
-        s0 = min(nseg, i * per)
-        s1 = min(nseg, s0 + per)
+        s0, s1 = item_rows(nseg, n, i, 1)  # whole segments
         if s1 > s0:
             idx, qq, qsum = skip_groups(hq[:H])  # each item its own (a few us), no shared scratch
             _skip_segments(packed_t, idx, qq, qsum, row_scale, hs, out[:D], s0, s1)
