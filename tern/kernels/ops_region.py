@@ -83,16 +83,29 @@ from tern.kernels.ops import (
     L_STATE,
     L_TOPK,
 )
+from tern.kernels.policy import REGION_ROW_ALIGN, EnginePolicy
 from tern.kernels.region import claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
 # and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
 RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
-ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
+
+ROW_ALIGN = REGION_ROW_ALIGN  # rows per item are a multiple of this (the 4-row passes stay whole)
 # the activation-skip down projection split over 256-output segments (its SIMD form only)
 SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
 # scal (float32, >= 3): the activation scales one phase's item computes for the next phase
 S_MIX, S_FFN, S_HID = 0, 1, 2
+
+
+def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
+    """The EnginePolicy an engine runs with (recorded with its measurements, so that the
+    predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
+    region's parameters (``Engine.region_params``, None: no region) the one-region step."""
+    if region_params is None:
+        return EnginePolicy(par_min_weights=int(par_min_weights))
+    return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
+                        region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
+                        region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS)
 
 
 def phases_bound(LI: np.ndarray) -> int:

@@ -44,24 +44,39 @@ PAR_MIN_WEIGHTS = 1 << 20
 # with the stall watch (tern.run.region_watch) 0.98 / 0.94x.
 REGION_MIN_WEIGHTS = 1 << 14
 REGION_ITEMS_PER_THREAD = 1
+REGION_ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
 
 
 @dataclass(frozen=True)
 class EnginePolicy:
-    """The engine's thread-splitting threshold, recorded with every measurement (host
-    profiles, sweep rows) so that a prediction of a row prices what the engine that measured
-    it did, whatever the engine does by the time the row is predicted again:
-    ``par_min_weights`` (:data:`PAR_MIN_WEIGHTS`)."""
+    """The engine's thread splitting, recorded with every measurement (host profiles, sweep
+    rows) so that a prediction of a row prices what the engine that measured it did,
+    whatever the engine does by the time the row is predicted again:
+    ``par_min_weights`` (:data:`PAR_MIN_WEIGHTS`) for the per-matrix step; with ``region``
+    the one-region step (tern.kernels.ops_region), which splits matrices of at least
+    ``region_min_weights`` weights into ``region_items`` row ranges per thread, shares a MoE
+    layer's chosen experts (top_k >= 2) out one per item at any size and, with
+    ``region_skip_split`` (its SIMD skip kernel), the activation-skip down projections over
+    256-output segments."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
+    region: bool = False
+    region_min_weights: int = REGION_MIN_WEIGHTS
+    region_items: int = REGION_ITEMS_PER_THREAD
+    region_skip_split: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            if f.type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    raise ValueError(f"EnginePolicy.{f.name} must be True or False, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"EnginePolicy.{f.name} must be an integer >= 0, got {v!r}")
+        if self.region_items < 1:
+            raise ValueError(f"EnginePolicy.region_items must be >= 1, got {self.region_items!r}")
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | bool]:
         return asdict(self)
 
     @classmethod

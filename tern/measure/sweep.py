@@ -29,7 +29,7 @@ from typing import Any
 from tern.core.config import ModelConfig, param_counts
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
-from tern.kernels.policy import CURRENT_POLICY
+from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.curves import kernel_reference
 
@@ -202,10 +202,11 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
     return json.loads(r.stdout)
 
 
-def predicted(cfg: ModelConfig, host: HostProfile, threads: int) -> dict[str, Any]:
+def predicted(cfg: ModelConfig, host: HostProfile, threads: int,
+              engine_policy: EnginePolicy = CURRENT_POLICY) -> dict[str, Any]:
     from tern.predict.roofline import predict
 
-    p = predict(cfg, host, threads=threads)
+    p = predict(cfg, host, threads=threads, engine_policy=engine_policy)
     return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
             "hot_bytes": p.hot_bytes, "predicted_model": p.model,
             "predicted_compute_s": p.resident.compute_s + p.streamed.compute_s,
@@ -258,7 +259,8 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
         if p.key in done:  # the measurement is reused; the prediction is this host's, now
-            row = {**done[p.key], **predicted(p.config, host, p.threads), "host_label": host.label, "reused": True}
+            row = {**done[p.key], **predicted(p.config, host, p.threads, EnginePolicy.of_record(done[p.key])),
+                   "host_label": host.label, "reused": True}
             row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]
             rows.append(row)
             continue
@@ -268,6 +270,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         now = host_now(host, pc.total.bytes, p.threads, read_now, kernel_now)
         t0 = time.perf_counter()
         m = measure(path, p)
+        policy = EnginePolicy.of_record(m) if "engine_policy" in m else CURRENT_POLICY  # what the engine split
         row = {
             "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
             "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,
@@ -279,8 +282,8 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
             **{k: m[k] for k in ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "repeats",
                                  "samples_tok_per_s", "runs_per_sample", "peak_rss_bytes") if k in m},
             **now,
-            **predicted(p.config, host, p.threads), "host_label": host.label,
-            "engine_policy": CURRENT_POLICY.to_dict(),  # what the measuring engine split over threads
+            **predicted(p.config, host, p.threads, policy), "host_label": host.label,
+            "engine_policy": policy.to_dict(),  # what the measuring engine split over threads
             "measure_wall_s": time.perf_counter() - t0, **run_metadata(p.threads),
         }
         row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]

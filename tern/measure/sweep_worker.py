@@ -85,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"sweep worker: {e}", file=sys.stderr)
         return 2
+    from tern.kernels.ops_region import run_policy
+
+    policy = run_policy(eng.par_min_weights, eng.region_params if eng.region else None)
     out = {**res, "load_s": load_s, "rss_after_load_bytes": rss_loaded,
-           "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe()}
+           "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe(), "engine_policy": policy.to_dict()}
     print(json.dumps(out))
     return 0
 

@@ -26,6 +26,7 @@ from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
 from tern.kernels.policy import (
     CURRENT_POLICY,
+    REGION_ROW_ALIGN,
     SEGMENT_COLS,
     STREAM_MAX_ROW_BYTES,
     EnginePolicy,
@@ -37,7 +38,10 @@ from tern.kernels.policy import (
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
 PAR_SUFFIX = "@par"  # display form of a matvec split over threads (costed at the thread count)
 EP_SUFFIX = "@ep"  # display form of routed-expert work run expert-parallel ("op@ep<k>")
-SPLITS = ("serial", "rows", "experts")
+REP_SUFFIX = "@rep"  # the same as items of the one-region step ("op@rep<k>")
+IT_SUFFIX = "@it"  # display form of a matrix split into the one-region step's items ("op@it<blocks>")
+SPLITS = ("serial", "rows", "experts", "region_experts", "items")
+EXPERT_SPLITS = ("experts", "region_experts")
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,14 @@ class WorkKey:
     par_min_weights weights), so it is costed at the thread count; ``"experts"`` — a token's ``experts``
     chosen routed experts run expert-parallel, each on one thread with the single-thread
     kernels (tern.kernels.ops.experts_parallel): costed at 1 thread and divided by
-    ``experts / ceil(experts / threads)``. Printed as ``op``, ``op@par`` or ``op@ep<k>``."""
+    ``experts / ceil(experts / threads)``. The one-region step (tern.kernels.ops_region):
+    ``"region_experts"`` — the same, as items of one phase (no parallel region of their
+    own); ``"items"`` — the matrix split into row ranges of whole blocks (``experts``: how
+    many blocks it has, 0 = any number), one range per thread, each run by the
+    single-thread kernel while the others run theirs: costed at 1 thread, the call term
+    paid once per matrix, the rest divided by ``n / ceil(n / threads)`` (n: the blocks, or
+    the thread count). Printed as ``op``, ``op@par``, ``op@ep<k>``, ``op@rep<k>`` or
+    ``op@it[<blocks>]``."""
 
     op: str
     split: str = "serial"
@@ -58,26 +69,33 @@ class WorkKey:
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ValueError(f"WorkKey split must be one of {SPLITS}, got {self.split!r}")
-        if (self.split == "experts") != (self.experts > 0):
-            raise ValueError(f"WorkKey {self.op!r}: experts > 0 exactly when split == 'experts'")
+        if self.split == "items":
+            if self.experts < 0:
+                raise ValueError(f"WorkKey {self.op!r}: an items block count must be >= 0 (0: any)")
+        elif (self.split in EXPERT_SPLITS) != (self.experts > 0):
+            raise ValueError(f"WorkKey {self.op!r}: experts > 0 exactly when split is one of {EXPERT_SPLITS}")
 
     def priced_at(self, threads: int) -> tuple[int, float]:
         """(thread count its op cost is taken at, divisor of that cost) at ``threads``."""
-        if self.split == "experts":
-            return 1, self.experts / math.ceil(self.experts / threads)
+        if self.split in EXPERT_SPLITS or self.split == "items":
+            n = self.experts or threads
+            return 1, n / math.ceil(n / threads)
         return (threads if self.split == "rows" else 1), 1.0
 
     def __str__(self) -> str:
-        if self.split == "experts":
-            return f"{self.op}{EP_SUFFIX}{self.experts}"
+        if self.split in EXPERT_SPLITS:
+            return f"{self.op}{EP_SUFFIX if self.split == 'experts' else REP_SUFFIX}{self.experts}"
+        if self.split == "items":
+            return f"{self.op}{IT_SUFFIX}{self.experts or ''}"
         return self.op + PAR_SUFFIX if self.split == "rows" else self.op
 
     @classmethod
     def parse(cls, text: str) -> WorkKey:
-        """The key printed as ``text`` (``op``, ``op@par``, ``op@ep<k>``)."""
-        if EP_SUFFIX in text:
-            op, k = text.split(EP_SUFFIX)
-            return cls(op, "experts", int(k))
+        """The key printed as ``text`` (see the class docstring)."""
+        for suffix, split in ((EP_SUFFIX, "experts"), (REP_SUFFIX, "region_experts"), (IT_SUFFIX, "items")):
+            if suffix in text:
+                op, k = text.split(suffix)
+                return cls(op, split, int(k) if k else 0)
         if text.endswith(PAR_SUFFIX):
             return cls(text[:-len(PAR_SUFFIX)], "rows")
         return cls(text)
@@ -123,26 +141,33 @@ def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
 
 
-def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY) -> WorkKey:
+def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY, cap: int = 0) -> WorkKey:
     """The key of an op: expert-parallel over ``ep`` chosen experts (ep > 0), else split over
-    threads when the engine (``policy``) splits a matrix of that many weights."""
+    threads when the engine (``policy``) splits a matrix of that many weights (the one-region
+    step: into items, at most ``cap`` of them where the matrix has only so many pieces)."""
     if ep:
-        return WorkKey(op, "experts", ep)
+        return WorkKey(op, "region_experts" if policy.region else "experts", ep)
+    if policy.region:
+        return WorkKey(op, "items", cap) if 0 < weights and weights >= policy.region_min_weights else WorkKey(op)
     return WorkKey(op, "rows") if 0 < weights and weights >= policy.par_min_weights else WorkKey(op)
 
 
 def experts_parallel(cfg: ModelConfig, policy: EnginePolicy = CURRENT_POLICY) -> int:
     """k when the engine runs a token's k chosen experts expert-parallel with threads > 1
     (the rule of tern.kernels.ops.experts_parallel: k >= 2 and at least
-    ``policy.par_min_weights`` weights of chosen experts per layer), else 0."""
+    ``policy.par_min_weights`` weights of chosen experts per layer; the one-region step:
+    k >= 2 at any size), else 0."""
     k = cfg.top_k
+    if policy.region:
+        return k if k >= 2 else 0
     return k if k >= 2 and 3 * k * cfg.expert_hidden * cfg.d_model >= policy.par_min_weights else 0
 
 
 def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0,
             policy: EnginePolicy = CURRENT_POLICY, serial: bool = False) -> None:
     tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
-    _add(work, _key(_matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy),
+    cap = -(-rows // REGION_ROW_ALIGN)  # the one-region step's items are whole 16-row blocks
+    _add(work, _key(_matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy, cap),
          n, n * rows, n * rows * cols, tails)
 
 
@@ -154,12 +179,14 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
     zeros (tern.kernels.policy.act_skip_applies); a SiLU down projection is a row matvec."""
     D = cfg.d_model
     _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep, policy)  # gate and up
-    _add(work, _key("vector", 0, ep), n, 0, n * hidden)  # activation + quantization of the hidden vector
+    _add(work, _key("vector", 0, ep, policy), n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
     if f.ternary and act_skip_applies(cfg.activation):
         tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
-        _add(work, _key("ternary_skip", hidden * D, ep, policy), n, n * D, n * rho * hidden * D,
+        segments = -(-D // SEGMENT_COLS)  # the one-region step splits it over output segments (SIMD form)
+        split = 0 if policy.region and not (policy.region_skip_split and segments > 1) else hidden * D
+        _add(work, _key("ternary_skip", split, ep, policy, segments), n, n * D, n * rho * hidden * D,
              tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n, stream_rb, ep, policy)
@@ -207,7 +234,35 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     _add(res, "vector", 1, 0, D)  # final norm
     head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
     _matvec(res, head_fmt, cfg.vocab_size, D, policy=policy)
+    if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
+        _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0, region_phases(cfg, policy.region_skip_split))
     return WorkInventory(res, st, skip_res, skip_st)
+
+
+REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its phases (units)
+
+
+def region_phases(cfg: ModelConfig, skip_split: bool) -> int:
+    """Phases one token walks in the one-region step (tern.kernels.ops_region; it records
+    the count it used, and the tests hold the two equal): the embedding; per layer the
+    mixer's (an SSM 6, attention 4) and the FFN input's norm; per gated MLP gate + up, its
+    activation and, unless the activation skip runs inside that item (its plain form,
+    ``skip_split`` False), the down projection; a MoE layer's routing, then its one chosen
+    expert's MLP and the weighted add, or the chosen experts as one phase and their sum;
+    a settle between shared experts; the final norm and the head."""
+    def mlp(fmt: str) -> int:
+        inside = get_format(fmt).ternary and act_skip_applies(cfg.activation) and not skip_split
+        return 2 if inside else 3
+
+    n = 1
+    for layer in range(cfg.n_layers):
+        n += (6 if cfg.mixer(layer) == "ssm" else 4) + 1
+        if cfg.is_moe(layer):
+            n += cfg.n_shared * mlp(cfg.mlp_format) + max(cfg.n_shared - 1, 0) + 1
+            n += mlp(cfg.expert_format) + 1 if cfg.top_k == 1 else 2
+        elif cfg.mlp_hidden:
+            n += mlp(cfg.mlp_format)
+    return n + 2
 
 
 # weight bytes read per unit of each matrix op (units are weights; the others read state)
@@ -238,12 +293,16 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
     out: dict[str, float] = {}
     for key, (calls, rows, units, tails) in work.items():
         op = key.op
+        if op == REGION_PHASE and threads <= 1:  # one thread runs the plain step: no region
+            continue
         t, divisor = key.priced_at(threads)
         cost = op_cost_for(host.op_costs, op, t)
         if cost is None and op in COST_FALLBACK:
             cost = op_cost_for(host.op_costs, COST_FALLBACK[op], t)
         if cost is None:
             return None
+        if key.split == "items" and threads > 1:  # each item pays the call: once per matrix in parallel
+            calls = calls * divisor
         out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units, tails) / divisor
     return out
 
@@ -257,16 +316,24 @@ def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
 
 
 # ---- memory: the measured kernel curves ------------------------------------------------------
+def _curve_split(key: WorkKey, threads: int) -> str:
+    """The measured curve split that prices ``key`` at ``threads``: one-region items run as
+    concurrent single-thread calls, as the expert-parallel ones ("experts" curves)."""
+    if threads <= 1:
+        return "serial"
+    return "experts" if key.split in ("items", "region_experts") else key.split
+
+
 def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float | None:
     """How many times longer than on cache-resident data each weight of ``key``'s op takes
     at working set ``ws``, from the profile's measured kernel curves (None: no curve).
     The curve's fixed part per call (the op cost's call and per-row terms at the curve's
     shape) is taken out first, so only the per-weight part scales."""
-    split = key.split if threads > 1 else "serial"
+    split = _curve_split(key, threads)
     curve = op_curve_for(host.op_curves, key.op, split, threads)
     if curve is None:
         return None
-    ref = curve if split != "experts" else op_curve_for(host.op_curves, key.op, "serial", 1)
+    ref = curve if key.split != "experts" or threads <= 1 else op_curve_for(host.op_curves, key.op, "serial", 1)
     if ref is None:
         return None
     t_cost, _ = key.priced_at(threads)
@@ -308,11 +375,13 @@ def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weigh
     per-weight and per-row terms) where the profile has them and ``rows`` is given, else two
     (a per-call stall plus a per-weight one); None with fewer. With ``split == "experts"``
     the curve's time is per group of parallel calls and the reference is the single-thread
-    curve, as in :func:`_curve_slowdown`."""
-    split = key.split if threads > 1 else "serial"
+    curve, as in :func:`_curve_slowdown`; one-region items read the same "experts" curves
+    against their own cache-resident start (a group of items starts no parallel region of
+    its own, which the curve's groups each do: that cost is not theirs)."""
+    split = _curve_split(key, threads)
     if rows is not None:
         trio = op_curve_trio(host.op_curves, key.op, split, threads)
-        ref3 = trio if split != "experts" else op_curve_trio(host.op_curves, key.op, "serial", 1)
+        ref3 = trio if key.split != "experts" or threads <= 1 else op_curve_trio(host.op_curves, key.op, "serial", 1)
         if trio is not None and ref3 is not None:
             try:
                 return max(0.0, _trio_per_call_at(trio, ws, weights, rows)
@@ -320,7 +389,7 @@ def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weigh
             except np.linalg.LinAlgError:  # degenerate shapes (no row-heavy one): the pair
                 pass
     pair = op_curve_pair(host.op_curves, key.op, split, threads)
-    ref = pair if split != "experts" else op_curve_pair(host.op_curves, key.op, "serial", 1)
+    ref = pair if key.split != "experts" or threads <= 1 else op_curve_pair(host.op_curves, key.op, "serial", 1)
     if pair is None or ref is None:
         return None
     return max(0.0, _per_call_at(pair, ws, weights) - _per_call_at(ref, ws, weights, first=True))
@@ -339,7 +408,13 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
             continue
         t, divisor = key.priced_at(threads)
-        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls, w.rows / w.calls)
+        if key.split == "items" and threads > 1:  # a matrix = one group of items run at once
+            per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / divisor,
+                                            w.rows / w.calls / divisor)
+            if per_call is not None:
+                per_call *= divisor
+        else:
+            per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls, w.rows / w.calls)
         if per_call is not None:
             extra += w.calls * per_call / divisor
         else:

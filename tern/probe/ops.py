@@ -20,6 +20,10 @@ fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call +
 ssm_step           ops.selective_scan_step (dt projection + scan)        call + row x d_inner*dt_rank + unit x d_inner*d_state
 attention          ops.attend (all heads, n cached positions)            call + unit x n*d_model
 vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
+region_phase       the one-region step's frame (threads > 1 only): its   call + unit x phases
+                   counters reset, one numba parallel region entered,
+                   and empty single-item phases (claim, finish, wait:
+                   tern.kernels.region) walked by every thread
 =================  ====================================================  ================
 
 A third term ``tail x tails`` (:func:`tail_units`) covers what the first two do not: the
@@ -46,11 +50,14 @@ import numpy as np
 from tern.core.host_profile import OpCost
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.region import phase_counters
 from tern.probe.bandwidth import numba_threads
 from tern.probe.timing import TimingConfig, timed_runs
 
 MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
 OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
+REGION_OP = "region_phase"  # timed at threads > 1 only (tern.predict.inventory prices it there)
+_REGION_PHASES = (4, 32, 128, 512)
 
 # (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32
 _MATVEC_SHAPES = {
@@ -88,6 +95,7 @@ def _drivers():
     from tern.kernels import kernels_ternary as kt
     from tern.kernels import ops
     from tern.kernels.quant import quantize_act
+    from tern.kernels.region import claim, finish, wait_done
 
     @numba.njit(cache=True)
     def ternary(P, S, xq, out, count, par, skip, stream):
@@ -142,16 +150,32 @@ def _drivers():
             s += quantize_act(xn, xq, np.float32(1e-5))
         return s
 
+    @numba.njit(cache=True, parallel=True)
+    def _region(ctr, n_phases, threads):
+        for i in range(ctr.shape[0]):  # as ops_region.token_step_region: reset, one region ...
+            ctr[i] = 0
+        for _tid in numba.prange(threads):  # ... whose threads walk the phases together
+            for p in range(n_phases):
+                mine = claim(ctr, p) == 0
+                if mine:
+                    finish(ctr, p)
+                wait_done(ctr, p, 1)
+
+    @numba.njit(cache=True)
+    def region(ctr, n_phases, threads, count):
+        for _ in range(count):
+            _region(ctr, n_phases, threads)
+
     # the cached drivers embed the engine's kernels: drop them when those files changed
     drop_stale_cache(__file__, ENGINE_KERNEL_DEPS, ternary)
     return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
-            "vector": vector}
+            "vector": vector, "region": region}
 
 
 # the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
 ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
                                               "kernels_dense.py", "fastmath.py", "kernels_b3.py",
-                                              "kernels_stored.py", "prefetch.py"))
+                                              "kernels_stored.py", "prefetch.py", "region.py"))
 
 
 _DRIVERS: dict[str, Callable] | None = None
@@ -223,6 +247,10 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         x, g = rng.standard_normal(length).astype(f32), np.ones(length, f32)
         xn, xq = np.zeros(length, f32), np.zeros(length, np.int8)
         return (lambda n: d["vector"](x, g, xn, xq, n)), 0, float(length)
+    if op == REGION_OP:
+        (phases,) = shape
+        ctr = phase_counters(phases)
+        return (lambda n: d["region"](ctr, phases, threads, n)), 0, float(phases)
     raise ValueError(f"unknown op {op!r}; ops: {OPS}")
 
 
@@ -241,6 +269,8 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
         return _ATTN_SHAPES[:3] if quick else _ATTN_SHAPES
     if op == "vector":
         return tuple((n,) for n in (_VECTOR_SIZES[:2] + _VECTOR_SIZES[-1:] if quick else _VECTOR_SIZES))
+    if op == REGION_OP:
+        return tuple((n,) for n in (_REGION_PHASES[::3] if quick else _REGION_PHASES))
     raise ValueError(f"unknown op {op!r}; ops: {OPS}")
 
 
@@ -320,7 +350,8 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
     from tqdm import tqdm
 
     plan = [(op, 1, shape) for op in OPS for shape in op_shapes(op, 1, quick)]
-    plan += [(op, t, shape) for t in threads if t > 1 for op in MATVEC_OPS for shape in op_shapes(op, t, quick)]
+    plan += [(op, t, shape) for t in threads if t > 1 for op in MATVEC_OPS + (REGION_OP,)
+             for shape in op_shapes(op, t, quick)]
     by_key: dict[tuple[str, int], list[OpSample]] = {}
     for op, t, shape in tqdm(plan, desc="engine op costs", unit="size", disable=not progress, leave=False,
                              file=sys.stderr, mininterval=0.5):

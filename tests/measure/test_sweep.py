@@ -77,6 +77,27 @@ def test_resume_skips_finished_points(tmp_path):
     assert acc["n"] == 2
 
 
+def test_sweep_rows_record_and_price_the_policy_their_engine_ran(tmp_path):
+    """A point measured with the one-region step is predicted with its splits, and so is the
+    row when it is reused; a worker that reports no policy ran the per-matrix step."""
+    import tern.measure.sweep as sw
+    from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
+
+    region = EnginePolicy(region=True, region_skip_split=True)
+    h = host()
+    pt = SweepPoint("fixed_active", "t", TINY, 2, tokens=4, region=True)
+    got = run_sweep([pt], tmp_path / "rec.jsonl", tmp_path / "m", h, progress=False, read_now=None, kernel_now=None,
+                    measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3, "engine_policy": region.to_dict()})
+    assert EnginePolicy.of_record(got[0]) == region
+    assert got[0]["predicted_tok_per_s"] == pytest.approx(sw.predicted(TINY, h, 2, region)["predicted_tok_per_s"])
+    again = run_sweep([pt], tmp_path / "rec.jsonl", tmp_path / "m", h, progress=False, read_now=None, kernel_now=None)
+    assert again[0]["reused"] and again[0]["predicted_tok_per_s"] == pytest.approx(got[0]["predicted_tok_per_s"])
+    plain = run_sweep([SweepPoint("fixed_active", "t", TINY, 2, tokens=4)], tmp_path / "rec2.jsonl", tmp_path / "m",
+                      h, progress=False, read_now=None, kernel_now=None,
+                      measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3})
+    assert EnginePolicy.of_record(plain[0]) == CURRENT_POLICY
+
+
 @pytest.mark.slow
 def test_real_worker_on_tiny_model(tmp_path):
     pts = [SweepPoint("fixed_active", "t", TINY, 1, tokens=8, repeats=3, warmup=2)]
@@ -179,6 +200,27 @@ def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
     assert not (tmp_path / "host_profile.json").exists()
 
 
+def test_cli_region_marks_the_multi_thread_points(tmp_path, monkeypatch):
+    import tern.measure.cli as mcli
+    from tern.cli import main
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def fake_run_sweep(points, *a, **k):
+        seen.extend(points)
+        raise Stop
+
+    monkeypatch.setattr(mcli, "run_sweep", fake_run_sweep)
+    host().save(tmp_path / "h.json")
+    with pytest.raises(Stop):
+        main(["bench", "sweep", "--quick", "--threads", "1", "2", "--region", "--no-calibrate", "--no-host-check",
+              "--host", str(tmp_path / "h.json"), "--results", str(tmp_path)])
+    assert seen and {(p.threads, p.region) for p in seen} == {(1, False), (2, True)}
+
+
 class _SleepyEngine:
     """Stands in for tern.run.engine.Engine: every step busy-waits ``step_s`` seconds."""
 
@@ -261,6 +303,7 @@ def test_worker_runs_the_region_engine(tmp_path):
         m = measure_in_subprocess(path, SweepPoint("fixed_active", "t", TINY, 2, tokens=4, repeats=1, warmup=1,
                                                    region=region))
         assert m["engine"]["region"] is region and m["tok_per_s"] > 0
+        assert m["engine_policy"]["region"] is region  # what the sweep row records and prices
 
 
 def test_full_sweep_points_time_every_sample_long_enough():

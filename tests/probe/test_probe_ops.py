@@ -75,6 +75,17 @@ def test_time_op_parallel_matvec():
     assert s.threads == 2 and s.seconds > 0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_region_phase_op_times_a_region_of_phases(threads):
+    """The one-region step's frame: a region entered and its empty phases walked; it
+    completes at any thread count (numba may run the prange's iterations one after another)
+    and, on one thread (no other core's timing in it), more phases take longer."""
+    short, long = (po.time_op(po.REGION_OP, (n,), threads=threads, timing=FAST) for n in (4, 512))
+    assert short.units == 4 and long.units == 512 and short.seconds > 0 and long.seconds > 0
+    assert threads > 1 or short.seconds < long.seconds
+    assert po.op_shapes(po.REGION_OP, 2, quick=True) and po.REGION_OP not in po.OPS
+
+
 def test_unknown_op():
     with pytest.raises(ValueError, match="unknown op"):
         po.op_shapes("nope")
@@ -98,7 +109,8 @@ def test_measure_op_costs_fits_every_op(monkeypatch):
 
     monkeypatch.setattr(po, "time_op", fake_time)
     costs = po.measure_op_costs((1, 2), quick=True, progress=False)
-    assert {(c.op, c.threads) for c in costs} == {(op, 1) for op in po.OPS} | {(op, 2) for op in po.MATVEC_OPS}
+    assert {(c.op, c.threads) for c in costs} == ({(op, 1) for op in po.OPS} | {(op, 2) for op in po.MATVEC_OPS}
+                                                  | {(po.REGION_OP, 2)})  # the region's frame: threads > 1 only
     assert all(c.call_s >= 0 and c.row_s >= 0 and c.unit_s >= 0 for c in costs)
     assert "ternary_matvec" in po.render_costs(costs)
 

@@ -10,6 +10,7 @@ from conftest import SMALL
 from tern.kernels import ops_region
 from tern.kernels.region import STRIDE, atomic_add, atomic_load, phase_counters
 from tern.packed.writer import random_model
+from tern.predict.inventory import region_phases
 from tern.run.engine import Engine
 
 needs_two = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
@@ -68,6 +69,8 @@ def test_region_logits_identical_to_one_thread(files, variant):
     # the phase count of a token stays within the counters allocated for it
     used = int(eng.fused_call()[2][-1][-1])
     assert 0 < used <= ops_region.phases_bound(eng.LI)
+    if kw.get("kernel", "ternary") == "ternary" and kw.get("moe_skip", True):  # the predictor counts the same
+        assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS), variant
 
 
 @needs_two

@@ -1,0 +1,123 @@
+"""The predictor's pricing of the engine's one-region step (EnginePolicy.region): which work
+it splits, how items and region experts are costed, the region's own frame (region_phase),
+and that a prediction at one thread does not change with it."""
+
+import dataclasses
+
+import pytest
+
+from tern.core.config import load_config
+from tern.core.host_profile import OpCost
+from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, REGION_MIN_WEIGHTS, EnginePolicy
+from tern.predict.inventory import (
+    REGION_PHASE,
+    WorkKey,
+    region_phases,
+    work_breakdown,
+    work_inventory,
+    work_seconds,
+)
+from tern.predict.roofline import predict, synthetic_profile
+
+REGION = EnginePolicy(region=True, region_skip_split=True)
+OPS = ("ternary_matvec", "ternary_skip", "int8_matvec", "fp32_matvec", "ssm_step", "attention", "vector")
+
+
+def _host(phase_cost=True, threads=(1, 2)):
+    costs = [OpCost(op, t, 1e-7, 2e-9, 1e-11, 3, 0.0) for op in OPS for t in threads]
+    if phase_cost:
+        costs += [OpCost(REGION_PHASE, 2, 5e-7, 0.0, 6e-8, 4, 0.0)]  # region entry, per phase
+    return dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0, threads=2), op_costs=tuple(costs))
+
+
+def test_policy_region_fields_validate_and_old_records_read_as_per_matrix():
+    assert not CURRENT_POLICY.region and not LEGACY_POLICY.region
+    d = REGION.to_dict()
+    assert d["region"] is True and d["region_min_weights"] == REGION_MIN_WEIGHTS
+    assert EnginePolicy.of_record({"engine_policy": d}) == REGION
+    # a sweep row written before the region fields existed: the per-matrix step
+    assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20}}).region is False
+    for bad in (dict(region=1), dict(region="yes"), dict(region_skip_split=0), dict(region_items=0),
+                dict(region_min_weights=-1), dict(region_min_weights=True)):
+        with pytest.raises(ValueError, match="EnginePolicy"):
+            EnginePolicy(**bad)
+
+
+def test_region_splits_matrices_from_its_threshold_and_experts_at_any_size():
+    cfg = load_config("sandbox")  # 64K-256K-weight matrices, top-4 of 16 small experts
+    res, st, _, _ = work_inventory(cfg, policy=REGION)
+    splits = {k.split for k in res if k.op == "ternary_matvec"}
+    assert splits == {"items"}  # every mixer matrix is >= 16K weights
+    assert all(k.split == "region_experts" and k.experts == cfg.top_k for k in st)
+    # the per-matrix step prices the same model serial (all < 1M weights, experts < 1M)
+    pm, pm_st, _, _ = work_inventory(cfg)
+    assert {k.split for k in pm} == {"serial"} and {k.split for k in pm_st} == {"serial"}
+    # below the threshold: serial; the router is serial in both
+    tiny = cfg.replace(d_model=64, n_heads=2, vocab_size=128, shared_hidden=32, expert_hidden=32)
+    t_res, _, _, _ = work_inventory(tiny, policy=REGION)
+    assert all(k.split == "serial" for k in t_res if k.op == "ternary_matvec" and t_res[k].units / t_res[k].calls
+               < REGION_MIN_WEIGHTS)
+    assert WorkKey("fp32_matvec") in res
+    # top-1: the chosen expert's matrices are items, not expert-parallel
+    _, st1, _, _ = work_inventory(cfg.replace(top_k=1), policy=REGION)
+    assert any(k.split == "items" for k in st1) and not any(k.split == "region_experts" for k in st1)
+
+
+def test_skip_kernel_splits_only_over_two_or_more_output_segments_in_its_simd_form():
+    wide = load_config("sandbox").replace(d_model=512, n_heads=8)  # 2 segments of 256 outputs
+    for policy, split in ((REGION, "items"), (dataclasses.replace(REGION, region_skip_split=False), "serial")):
+        res, _, _, _ = work_inventory(wide, policy=policy)
+        assert {k.split for k in res if k.op == "ternary_skip"} == {split}
+    res, _, _, _ = work_inventory(load_config("sandbox").replace(d_model=256, n_heads=4), policy=REGION)
+    assert {k.split for k in res if k.op == "ternary_skip"} == {"serial"}  # one segment: one item
+
+
+def test_items_keys_price_and_print():
+    k = WorkKey("ternary_matvec", "items", 64)
+    assert str(k) == "ternary_matvec@it64" and WorkKey.parse(str(k)) == k
+    assert WorkKey.parse("a@it") == WorkKey("a", "items") and str(WorkKey("a", "items")) == "a@it"
+    assert WorkKey.parse("a@rep3") == WorkKey("a", "region_experts", 3)
+    assert k.priced_at(1) == (1, 1.0) and k.priced_at(2) == (1, 2.0)
+    assert WorkKey("a", "items", 3).priced_at(2) == (1, 1.5)  # 3 row blocks: 2 on one thread
+    assert WorkKey("a", "items", 1).priced_at(4) == (1, 1.0)  # one block cannot split
+    assert WorkKey("a", "region_experts", 3).priced_at(2) == (1, 1.5)
+    with pytest.raises(ValueError):
+        WorkKey("a", "region_experts")
+    with pytest.raises(ValueError):
+        WorkKey("a", "items", -1)
+    # an item's call is paid by each thread at once: once per matrix; the rest halves
+    host = _host()
+    w = {WorkKey("ternary_matvec", "items", 64): work_inventory(load_config("sandbox"))[0][WorkKey("ternary_matvec")]}
+    one, two = work_seconds(w, host, 1), work_seconds(w, host, 2)
+    calls = next(iter(w.values())).calls
+    assert two == pytest.approx((one - calls * 1e-7) / 2 + calls * 1e-7)
+
+
+def test_region_phases_are_priced_at_two_threads_only():
+    cfg = load_config("sandbox")
+    res, _, _, _ = work_inventory(cfg, policy=REGION)
+    n = res[WorkKey(REGION_PHASE, "rows")].units
+    assert n == region_phases(cfg, True) > 4 * cfg.n_layers
+    host = _host()
+    assert REGION_PHASE not in work_breakdown(res, host, 1)
+    assert work_breakdown(res, host, 2)[REGION_PHASE] == pytest.approx(5e-7 + n * 6e-8)
+    # a profile that never timed the region's frame cannot price it: the op-cost model steps back
+    assert work_seconds(res, _host(phase_cost=False), 2) is None
+    assert predict(cfg, _host(phase_cost=False), 2, engine_policy=REGION).model == "roofline"
+
+
+def test_one_thread_prediction_is_the_same_with_the_region_policy():
+    host = _host()
+    for preset in ("sandbox", "30m"):
+        cfg = load_config(preset)
+        assert predict(cfg, host, 1, engine_policy=REGION).tok_per_s == pytest.approx(predict(cfg, host, 1).tok_per_s)
+        assert predict(cfg, host, 2, engine_policy=REGION).model == "op-cost"
+
+
+def test_region_phase_count_follows_the_model():
+    base = load_config("sandbox")
+    assert region_phases(base, False) < region_phases(base, True)  # the skip in its activation item
+    silu = base.replace(activation="silu")
+    assert region_phases(silu, False) == region_phases(silu, True)  # row matvec down: a phase of its own
+    more = base.replace(n_layers=base.n_layers + 1)
+    assert region_phases(more, True) > region_phases(base, True)
