@@ -83,7 +83,13 @@ from tern.kernels.ops import (
     L_STATE,
     L_TOPK,
 )
-from tern.kernels.policy import REGION_ROW_ALIGN, EnginePolicy
+from tern.kernels.policy import (
+    PAR_MIN_WEIGHTS,
+    REGION_ITEMS_PER_THREAD,
+    REGION_MIN_WEIGHTS,
+    REGION_ROW_ALIGN,
+    EnginePolicy,
+)
 from tern.kernels.region import claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
@@ -106,6 +112,10 @@ def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS)
+
+
+# what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)
+ENGINE_POLICY = run_policy(PAR_MIN_WEIGHTS, (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD))
 
 
 def phases_bound(LI: np.ndarray) -> int:

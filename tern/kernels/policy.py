@@ -32,13 +32,17 @@ PAR_MIN_WEIGHTS = 1 << 20
 # per-matrix engine (their tokens are mostly serial work: SSM scan, activation-skip down
 # projections, vector ops); DRAM-bound models even (separate processes, 3 rounds: the 1.1B
 # 85-91 -> 82-86 tok/s, the 10B pick 122-138 -> 128, the 9.7B MoE 393-440 -> 373-497).
-# Not the default: the predictor does not price it. Priced as the per-matrix step prices
-# split matrices, a fresh probe + sweep with it on put the 2-thread sweep points at
-# 0.55-0.80 of their predictions; priced as concurrent single-thread kernels (the "experts"
-# curves), a second one (a disturbed hour) at 0.57-1.03, median 0.74 (the probe's own
-# small dense engine runs gain from it, the sweep's SSM / activation-skip models hardly);
-# a phase costs only 57-88 ns at 2 threads (/tmp micro-benchmark): the waits themselves
-# are not what the pricing misses; what is, is not found yet. Beside one busy
+# The default since session 11, when the predictor learned to price it (tern.predict.inventory:
+# matrices as "items" read off the "experts" curves against their own cache-resident start,
+# the region's entry and phases timed by the probe as op "region_phase"). Session 10's two
+# tries to price it had missed by 0.55-0.80: the split matrices were priced as the per-matrix
+# step's (or with the "experts" curves' own parallel-region start, which items do not pay),
+# and the region's frame was not priced. Same process, 5 x 256 tokens, AMD EPYC Zen 5, region
+# over per-matrix at 2 threads, measured / predicted from the committed Zen 5 profile plus a
+# timed frame: probe-ctx-a 1.24 / 1.23, probe-ctx-b 1.24 / 1.30, 4m-e1 1.25 / 1.21, 4m-e74
+# 1.14 / 1.14, 30m-e1 1.18 / 1.22, 30m-e28 1.17 / 1.20, 30m-e64-k1 1.10 / 1.21, 30m-e64-k4
+# 1.02 / 1.09. A fresh probe + sweep (25 points at 2 threads, each engine in its own pass):
+# region / per-matrix measured over predicted, median 1.04. Beside one busy
 # process on one of the 2 cores it ran at 0.50 / 0.71x one thread (peers 5.6m / 28m; its
 # spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x;
 # with the stall watch (tern.run.region_watch) 0.98 / 0.94x.
@@ -77,7 +81,10 @@ class EnginePolicy:
             raise ValueError(f"EnginePolicy.region_items must be >= 1, got {self.region_items!r}")
 
     def to_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
+        """Every field; the per-matrix step's record is just ``par_min_weights`` (as written
+        before the region fields existed, so older readers still load it)."""
+        d = asdict(self)
+        return d if self.region else {"par_min_weights": self.par_min_weights}
 
     @classmethod
     def of_record(cls, record: dict[str, Any] | None) -> EnginePolicy:
@@ -92,7 +99,10 @@ class EnginePolicy:
         return cls(**{**LEGACY_POLICY.to_dict(), **d})
 
 
-CURRENT_POLICY = EnginePolicy()
+# today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
+# the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
+CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True)
+PER_MATRIX_POLICY = EnginePolicy()  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 
 

@@ -96,9 +96,10 @@ def cli_configure_sweep(p: Any) -> None:
     p.add_argument("--no-calibrate", action="store_true",
                    help="use the profile's calibration as is (default: measure it first)")
     p.add_argument("--pair", action="store_true", help="also measure the 105m / 206m presets")
-    p.add_argument("--region", action="store_true",
-                   help="measure the points at threads > 1 with the engine's one-region token step "
-                        "(Engine(region=True)); predicted with that step's splits")
+    p.add_argument("--per-matrix", action="store_true",
+                   help="measure the points at threads > 1 with a parallel region per large matrix "
+                        "(Engine(region=False)) instead of the default one region per token; each row "
+                        "is predicted with the splits of the engine that measured it")
     p.add_argument("--no-host-check", action="store_true",
                    help="do not time the host's read rate and kernel speed before each point "
                         "(how far the host drifted from its probe)")
@@ -120,8 +121,8 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     pts = default_points(quick=args.quick, threads=threads)
     if args.pair:
         pts += preset_points(threads=threads, **({"tokens": 16} if args.quick else {"tokens": 64, **FULL_TIMING}))
-    if args.region:
-        pts = [dataclasses.replace(q, region=True) if q.threads > 1 else q for q in pts]
+    if args.per_matrix:
+        pts = [dataclasses.replace(q, region=False) for q in pts]
     records = out / "bench" / "sweep.jsonl"
     check = not args.no_host_check
     rows = run_sweep(pts, records, out / "models", host, read_now=read_reference if check else None,

@@ -38,7 +38,7 @@ from tern.core.host_caches import host_llc_bytes
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
-from tern.measure.peers_table import REGION_ENGINE
+from tern.measure.peers_table import PER_MATRIX_ENGINE
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
@@ -53,7 +53,7 @@ HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on
 
 JSON_FIELDS = """\
   peers: bench, records, llama_bench (path or null), note, host (profile label or null), errors,
-    rows: [{kind: peers, run_id, engine (tern | tern-region | llama.cpp), shape, dims (d/layers/ffn/vocab),
+    rows: [{kind: peers, run_id, engine (tern | tern-per-matrix | llama.cpp; tern-region in rows before the region step was the default), shape, dims (d/layers/ffn/vocab),
       config, model_file, file_bytes, threads, tokens, repeats, warmup, total_params,
       active_params, bytes_per_token, working_set_bytes, engine_bytes_per_token (tern),
       tok_per_s (median), tok_per_s_min, tok_per_s_max, spread_rel, samples_tok_per_s,
@@ -250,11 +250,12 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               llama_bench: Path | None = None, llama_label: str | None = None,
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
-              read_now: ReadNow | None = read_reference, region: bool = False) -> dict[str, Any]:
+              read_now: ReadNow | None = read_reference, per_matrix: bool = False) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
-    ``region``: at threads > 1 also tern's one-region step (Engine(region=True): engine
-    ``tern-region``).
+    tern rows run the engine's default (one parallel region per token at threads > 1);
+    ``per_matrix``: at threads > 1 also a parallel region per large matrix
+    (Engine(region=False): engine ``tern-per-matrix``).
     ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
     before each engine's run: the rows' ``bandwidth_fraction_same_run``."""
     from tern.core.paths import results_dir
@@ -286,12 +287,12 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
                              {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
-            if region and t > 1:
-                _log(progress, f"peers {shape.name}: tern (one region per token), {t} thread(s)")
+            if per_matrix and t > 1:
+                _log(progress, f"peers {shape.name}: tern (a parallel region per matrix), {t} thread(s)")
                 ref = read_now(counts["working_set_bytes"], t) if read_now else None
                 m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens,
-                                                                  repeats, warmup, region=True))
-                rows.append(_row(shape, REGION_ENGINE, tern_path, t, m, counts, host,
+                                                                  repeats, warmup, region=False))
+                rows.append(_row(shape, PER_MATRIX_ENGINE, tern_path, t, m, counts, host,
                                  {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
                 append_jsonl(records, rows[-1])
             if gguf is None:
@@ -338,8 +339,10 @@ def cli_configure_peers(p: Any) -> None:
     p.add_argument("--llama-label", default=None,
                    help="recorded with llama.cpp rows (e.g. its source when the build reports commit 'unknown')")
     p.add_argument("--no-llama", action="store_true", help="measure tern alone")
-    p.add_argument("--region", action="store_true",
-                   help="at threads > 1 also time tern's one-region step (Engine(region=True)): rows of engine tern-region")
+    p.add_argument("--per-matrix", action="store_true",
+                   help="at threads > 1 also time tern with a parallel region per large matrix "
+                        "(Engine(region=False)) beside its default one region per token: rows of engine "
+                        "tern-per-matrix")
     p.add_argument("--no-read-reference", action="store_true",
                    help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
@@ -362,7 +365,8 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
               file=sys.stderr)
     res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
                     warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
-                    host=host, read_now=None if args.no_read_reference else read_reference, region=args.region)
+                    host=host, read_now=None if args.no_read_reference else read_reference,
+                    per_matrix=args.per_matrix)
     if args.no_llama:
         res["note"] = "llama.cpp not measured (--no-llama)"
     return res

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-REGION_ENGINE = "tern-region"  # rows of tern's one-region step (tern.measure.peers.run_peers(region=True))
+# rows of tern's one-region step beside per-matrix "tern" rows, from before it was the default
+REGION_ENGINE = "tern-region"
+# rows of the per-matrix step beside the default "tern" rows (tern.measure.peers.run_peers(per_matrix=True))
+PER_MATRIX_ENGINE = "tern-per-matrix"
+_EXTRA = {REGION_ENGINE: "tern_region", PER_MATRIX_ENGINE: "tern_pm"}  # engine -> table key
 BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
 
 
@@ -25,12 +29,12 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
     each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
     read bandwidth, and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
-    and region / tern)."""
+    and region / tern; with ``tern-per-matrix`` rows per-matrix / tern)."""
     out: dict[str, dict[str, Any]] = {}
     for r in latest_rows(rows):
         e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
-        key = {"tern": "tern", REGION_ENGINE: "tern_region"}.get(r["engine"], "llama")
-        if key != "tern_region":  # the region rows read the tern rows' file and bytes
+        key = {"tern": "tern", **_EXTRA}.get(r["engine"], "llama")
+        if key not in _EXTRA.values():  # these rows read the tern rows' file and bytes
             e[f"{key}_params"], e[f"{key}_bytes_per_token"] = r["total_params"], r["bytes_per_token"]
         cell = e["by_threads"].setdefault(r["threads"], {})
         cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
@@ -45,6 +49,8 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 cell["region_over_llama"] = cell["tern_region"]["tok_per_s"] / cell["llama"]["tok_per_s"]
             if "tern_region" in cell and "tern" in cell:
                 cell["region_over_tern"] = cell["tern_region"]["tok_per_s"] / cell["tern"]["tok_per_s"]
+            if "tern_pm" in cell and "tern" in cell:
+                cell["pm_over_tern"] = cell["tern_pm"]["tok_per_s"] / cell["tern"]["tok_per_s"]
     return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
 
 
@@ -63,17 +69,19 @@ _TEXT_TABLES = (
 
 _REGION_COLS = (("region", "tern_region", "tok_per_s", 8, ".1f"), ("/llama", None, "region_over_llama", 6, ".2f"),
                 ("/tern", None, "region_over_tern", 5, ".2f"))
+_PM_COLS = (("per-matrix", "tern_pm", "tok_per_s", 10, ".1f"), ("/tern", None, "pm_over_tern", 5, ".2f"))
 
 
 def render_peers(result: dict[str, Any]) -> str:
     """Text tables of :func:`peers_table`: tok/s, then GB/s and fraction of read bandwidth;
-    with ``tern-region`` rows, the tok/s table adds their columns."""
+    with ``tern-region`` / ``tern-per-matrix`` rows, the tok/s table adds their columns."""
     table = peers_table(result["rows"])
     threads = sorted({t for e in table for t in e["by_threads"]})
     has_region = any("tern_region" in c for e in table for c in e["by_threads"].values())
+    has_pm = any("tern_pm" in c for e in table for c in e["by_threads"].values())
     lines = []
     for i, (title, cols) in enumerate(_TEXT_TABLES):
-        cols = cols + _REGION_COLS if i == 0 and has_region else cols
+        cols = cols + (_REGION_COLS if has_region else ()) + (_PM_COLS if has_pm else ()) if i == 0 else cols
         head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
         head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)
         lines += [title, head]

@@ -29,9 +29,10 @@ from typing import Any
 from tern.core.config import ModelConfig, param_counts
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
-from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
+from tern.kernels.policy import EnginePolicy
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.curves import kernel_reference
+from tern.probe.profile import engine_policy
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
 MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-column tails; 2: expert-parallel engine (threads > 1); rows of older engines are not reused
@@ -122,7 +123,7 @@ class SweepPoint:
     repeats: int = 3
     warmup: int = 16
     min_time_s: float = 0.0  # each sample repeats its run of ``tokens`` until it timed this long
-    region: bool = False  # the engine's one-region step (Engine(region=True); threads > 1)
+    region: bool = True  # the engine's one-region step (its default; False: Engine(region=False)); threads > 1
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
@@ -139,7 +140,7 @@ class SweepPoint:
                 "repeats": self.repeats, "warmup": self.warmup, "v": MEASURE_VERSION}
         if self.min_time_s:  # keys of points measured before samples had a minimum time stay valid
             spec["min_time_s"] = float(self.min_time_s)
-        if self.region:  # likewise
+        if self.region and self.threads > 1:  # likewise (one thread runs the plain step either way)
             spec["region"] = True
         blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -193,8 +194,7 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
     cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
            "--tokens", str(point.tokens), "--repeats", str(point.repeats),
            "--warmup", str(point.warmup), "--min-time-s", repr(float(point.min_time_s))]
-    if point.region:
-        cmd.append("--region")
+    cmd.append("--region" if point.region else "--no-region")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
         raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n"
@@ -203,7 +203,7 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
 
 
 def predicted(cfg: ModelConfig, host: HostProfile, threads: int,
-              engine_policy: EnginePolicy = CURRENT_POLICY) -> dict[str, Any]:
+              engine_policy: EnginePolicy | None = None) -> dict[str, Any]:
     from tern.predict.roofline import predict
 
     p = predict(cfg, host, threads=threads, engine_policy=engine_policy)
@@ -270,7 +270,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         now = host_now(host, pc.total.bytes, p.threads, read_now, kernel_now)
         t0 = time.perf_counter()
         m = measure(path, p)
-        policy = EnginePolicy.of_record(m) if "engine_policy" in m else CURRENT_POLICY  # what the engine split
+        policy = EnginePolicy.of_record(m) if "engine_policy" in m else engine_policy()  # what the engine split
         row = {
             "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
             "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,

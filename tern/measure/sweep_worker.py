@@ -67,14 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-time-s", type=float, default=0.0,
                     help="each sample repeats its run of --tokens until it has timed this many seconds")
-    ap.add_argument("--region", action="store_true",
-                    help="the engine's one-region token step (Engine(region=True); threads > 1)")
+    ap.add_argument("--region", action=argparse.BooleanOptionalAction, default=None,
+                    help="the engine's one-region token step at threads > 1 (default: the engine's "
+                         "default, on); --no-region: a parallel region per large matrix")
     args = ap.parse_args(argv)
     from tern.run.engine import Engine
 
     t0 = time.perf_counter()
     try:
-        eng = Engine(args.model, threads=args.threads, region=args.region)
+        eng = Engine(args.model, threads=args.threads, region="auto" if args.region is None else args.region)
     except ValueError as e:
         print(f"sweep worker: {e}", file=sys.stderr)
         return 2

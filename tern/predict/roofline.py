@@ -97,7 +97,7 @@ from tern.core.host_queries import (
     llc_capacity_bytes,
     memory_roof,
 )
-from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
+from tern.kernels.policy import EnginePolicy
 from tern.predict.inventory import (
     curve_stall,
     parallel_byte_share,
@@ -283,13 +283,17 @@ def with_format(cfg: ModelConfig, fmt: str) -> ModelConfig:
 
 def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int | None = None,
             fmt: str | None = None, policy: str = "reuse",
-            engine_policy: EnginePolicy = CURRENT_POLICY) -> Prediction:
+            engine_policy: EnginePolicy | None = None) -> Prediction:
     """Predicted batch-1 decode tok/s of ``cfg`` on ``host`` with a per-pool breakdown.
 
     ``context``: attention positions cached (None: a full window). ``fmt``: override the
     format of every linear layer (see :func:`with_format`). ``policy``: "reuse" or "whole"
-    working sets (module docstring). ``engine_policy``: the engine's thread splitting
-    (default today's; a measured row's own to re-predict it: EnginePolicy.of_record)."""
+    working sets (module docstring). ``engine_policy``: the engine's thread splitting (a
+    measured row's own to re-predict it: EnginePolicy.of_record); default: the engine the
+    host's probe ran (its profile's record: an older profile prices the per-matrix step,
+    whose cost it measured; a profile without a record, LEGACY_POLICY)."""
+    if engine_policy is None:
+        engine_policy = EnginePolicy.of_record(host.host)
     if fmt is not None:
         cfg = with_format(cfg, fmt)
     ctx = cfg.attn_window if context is None else context

@@ -32,7 +32,7 @@ from typing import Any
 from tern.core.host_caches import Topology, detect_caches, read_topology
 from tern.core.host_profile import HostProfile, KernelThroughput
 from tern.core.records import run_metadata
-from tern.kernels.policy import CURRENT_POLICY
+from tern.kernels.policy import EnginePolicy
 from tern.probe.bandwidth import KERNELS, SweepConfig, default_max_ws_bytes, format_bytes
 from tern.probe.timing import TimingConfig
 
@@ -146,6 +146,14 @@ def cpu_facts() -> dict[str, Any]:
     }
 
 
+def engine_policy() -> EnginePolicy:
+    """The engine the probe's engine runs time (tern.kernels.ops_region.ENGINE_POLICY:
+    imported here, not at module load, since it compiles numba code)."""
+    from tern.kernels.ops_region import ENGINE_POLICY
+
+    return ENGINE_POLICY
+
+
 def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]:
     import numba
     import psutil
@@ -161,7 +169,7 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]
         "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
         # thread wake-up cost depends on these (e.g. libgomp's default spin-then-sleep)
         "threading_env": {k: os.environ.get(k) for k in THREADING_ENV},
-        "engine_policy": CURRENT_POLICY.to_dict(),  # the engine the profile's engine runs measured
+        "engine_policy": engine_policy().to_dict(),  # the engine the profile's engine runs measured
     })
     return facts
 

@@ -31,9 +31,9 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL-style, 1: off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="numba threads")
-    p.add_argument("--region", action="store_true",
-                   help="with --threads > 1: the whole token in one parallel region (faster on small models "
-                        "on quiet cores, slower beside a busy process; the same text)")
+    p.add_argument("--per-matrix", action="store_true",
+                   help="with --threads > 1: a parallel region per large matrix instead of the default "
+                        "one region per token (the same text; the default is faster on small models)")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 
@@ -57,7 +57,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
     # the full check (crc32, ternary codes, finite weights) of every byte: a header-only
     # check lets a corrupted file decode garbage (tern.packed.reader.load_packed)
-    eng = Engine(args.model, threads=args.threads, check="full", region=args.region)
+    eng = Engine(args.model, threads=args.threads, check="full", region=False if args.per_matrix else "auto")
     name = args.tokenizer or (eng.model.tokenizer or {}).get("name")
     if not name:
         raise ValueError(f"{args.model} names no tokenizer; pass --tokenizer")

@@ -16,12 +16,12 @@ computes the same model (docs/MODEL.md):
   are then plain row matvecs. ``True`` / ``False`` force it on / off (same sums).
 - ``moe_skip``: only the top_k routed experts are computed (else all, weight 0 for the rest).
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
-- ``threads > 1``: a numba parallel region per matrix of at least ``par_min_weights``
-  weights, its rows split over the threads (smaller ones stay serial: starting a region
-  costs more than they do), and expert-parallel MoE layers. ``region=True``: the token in
-  ONE parallel region (tern.kernels.ops_region; rules and measurements in
-  tern.kernels.policy; not the default: the predictor does not price it), falling back to
-  the per-matrix step while it stalls on a busy core (tern.run.region_watch). Every
+- ``threads > 1``: ``region`` "auto" (default, with the fused step) / ``True``: the token
+  in ONE parallel region (tern.kernels.ops_region; rules and measurements in
+  tern.kernels.policy), falling back to the per-matrix step while it stalls on a busy core
+  (tern.run.region_watch); ``False``: a numba parallel region per matrix of at least
+  ``par_min_weights`` weights, its rows split over the threads (smaller ones stay serial:
+  starting a region costs more than they do), and expert-parallel MoE layers. Every
   reduction keeps its order: logits are identical to ``threads=1`` either way.
 - ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
   packed bytes) in
@@ -107,7 +107,7 @@ class Engine:
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
-                 region: bool = False):
+                 region: bool | str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -133,10 +133,11 @@ class Engine:
         if not isinstance(par_min_weights, (int, np.integer)) or par_min_weights < 0:
             raise ValueError(f"par_min_weights must be an integer >= 0, got {par_min_weights!r}")
         self.par_min_weights = int(par_min_weights)
-        if not isinstance(region, (bool, np.bool_)):
-            raise ValueError(f"region must be True or False, got {region!r}")
-        if region and not fused:
+        if not (isinstance(region, (bool, np.bool_)) or (isinstance(region, str) and region == "auto")):
+            raise ValueError(f"region must be True, False or 'auto', got {region!r}")
+        if region is True and not fused:
             raise ValueError("region=True needs the fused token step (fused=True)")
+        region = fused if region == "auto" else region  # the default: one region per token
         self.region = bool(region) and self.threads > 1  # one thread: the plain token step
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")

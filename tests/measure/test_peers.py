@@ -162,9 +162,10 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     assert len(labels) == 4 and all(lb.endswith(now) for lb in labels)
 
 
-def test_region_rows_beside_tern_and_llama(tmp_path, fake_llama):
-    """--region: at threads > 1 a second tern row, engine tern-region, measured with the
-    one-region step (the point says so); the table and the text add its columns."""
+def test_per_matrix_rows_beside_tern_and_llama(tmp_path, fake_llama):
+    """tern rows run the default one-region step; --per-matrix: at threads > 1 a second tern
+    row, engine tern-per-matrix, measured with Engine(region=False) (the point says so); the
+    table and the text add its columns. Rows of the earlier tern-region engine still render."""
     exe, _ = fake_llama
     seen = []
 
@@ -173,20 +174,25 @@ def test_region_rows_beside_tern_and_llama(tmp_path, fake_llama):
         return {**fake_tern(path, point), "tok_per_s": 300.0 if point.region else 200.0}
 
     res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=8, repeats=3, warmup=0, llama_bench=exe,
-                    measure_tern=fake, progress=False, read_now=None, region=True)
-    assert seen == [(1, False), (2, False), (2, True)]
+                    measure_tern=fake, progress=False, read_now=None, per_matrix=True)
+    assert seen == [(1, True), (2, True), (2, False)]
     assert [(r["engine"], r["threads"]) for r in res["rows"]] == [
-        ("tern", 1), ("llama.cpp", 1), ("tern", 2), ("tern-region", 2), ("llama.cpp", 2)]
+        ("tern", 1), ("llama.cpp", 1), ("tern", 2), ("tern-per-matrix", 2), ("llama.cpp", 2)]
     cell = peers_table(res["rows"])[0]["by_threads"][2]
-    assert cell["region_over_tern"] == pytest.approx(1.5) and cell["region_over_llama"] == pytest.approx(300 / 110)
-    assert cell["tern_over_llama"] == pytest.approx(200 / 110)  # the tern column stays the default engine's
+    assert cell["pm_over_tern"] == pytest.approx(200 / 300)
+    assert cell["tern_over_llama"] == pytest.approx(300 / 110)  # the tern column is the default engine's
     text = render_peers(res)
-    assert " region " in text.splitlines()[1] and "1.50" in text and "2.73" in text
+    assert " per-matrix " in text.splitlines()[1] and "0.67" in text and "2.73" in text
     host = synthetic_profile(llc_bytes=1 << 20, cache_gbps=100.0, dram_gbps=20.0, threads=1)
     labels = {ln.get_label() for ln in plot_peers(res["rows"], host).axes[0].get_lines()}
-    assert "tern-region, 2 threads" in labels
-    plain = render_peers({**res, "rows": [r for r in res["rows"] if r["engine"] != "tern-region"]})
-    assert " region " not in plain.splitlines()[1]  # no region columns without its rows
+    assert "tern-per-matrix, 2 threads" in labels
+    plain = render_peers({**res, "rows": [r for r in res["rows"] if r["engine"] != "tern-per-matrix"]})
+    assert " per-matrix " not in plain.splitlines()[1]  # no such columns without its rows
+    # rows of a run from before the region step was the default: per-matrix "tern" + "tern-region"
+    old = [dict(r, engine="tern-region") if r["engine"] == "tern-per-matrix" else r for r in res["rows"]]
+    cell = peers_table(old)[0]["by_threads"][2]
+    assert cell["region_over_tern"] == pytest.approx(200 / 300) and " region " in render_peers(
+        {**res, "rows": old}).splitlines()[1]
 
 
 def test_tern_alone_without_llama_or_profile(tmp_path):

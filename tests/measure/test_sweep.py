@@ -79,9 +79,10 @@ def test_resume_skips_finished_points(tmp_path):
 
 def test_sweep_rows_record_and_price_the_policy_their_engine_ran(tmp_path):
     """A point measured with the one-region step is predicted with its splits, and so is the
-    row when it is reused; a worker that reports no policy ran the per-matrix step."""
+    row when it is reused; a worker that reports no policy ran the engine's default."""
     import tern.measure.sweep as sw
-    from tern.kernels.policy import CURRENT_POLICY, EnginePolicy
+    from tern.kernels.ops_region import ENGINE_POLICY
+    from tern.kernels.policy import EnginePolicy
 
     region = EnginePolicy(region=True, region_skip_split=True)
     h = host()
@@ -95,7 +96,7 @@ def test_sweep_rows_record_and_price_the_policy_their_engine_ran(tmp_path):
     plain = run_sweep([SweepPoint("fixed_active", "t", TINY, 2, tokens=4)], tmp_path / "rec2.jsonl", tmp_path / "m",
                       h, progress=False, read_now=None, kernel_now=None,
                       measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3})
-    assert EnginePolicy.of_record(plain[0]) == CURRENT_POLICY
+    assert EnginePolicy.of_record(plain[0]) == ENGINE_POLICY
 
 
 @pytest.mark.slow
@@ -200,7 +201,7 @@ def test_cli_bad_threads_fails_before_work(tmp_path, capsys):
     assert not (tmp_path / "host_profile.json").exists()
 
 
-def test_cli_region_marks_the_multi_thread_points(tmp_path, monkeypatch):
+def test_cli_per_matrix_marks_the_points(tmp_path, monkeypatch):
     import tern.measure.cli as mcli
     from tern.cli import main
 
@@ -216,9 +217,14 @@ def test_cli_region_marks_the_multi_thread_points(tmp_path, monkeypatch):
     monkeypatch.setattr(mcli, "run_sweep", fake_run_sweep)
     host().save(tmp_path / "h.json")
     with pytest.raises(Stop):
-        main(["bench", "sweep", "--quick", "--threads", "1", "2", "--region", "--no-calibrate", "--no-host-check",
+        main(["bench", "sweep", "--quick", "--threads", "1", "2", "--no-calibrate", "--no-host-check",
               "--host", str(tmp_path / "h.json"), "--results", str(tmp_path)])
-    assert seen and {(p.threads, p.region) for p in seen} == {(1, False), (2, True)}
+    assert seen and {(p.threads, p.region) for p in seen} == {(1, True), (2, True)}  # the engine's default
+    seen.clear()
+    with pytest.raises(Stop):
+        main(["bench", "sweep", "--quick", "--threads", "1", "2", "--per-matrix", "--no-calibrate",
+              "--no-host-check", "--host", str(tmp_path / "h.json"), "--results", str(tmp_path)])
+    assert {(p.threads, p.region) for p in seen} == {(1, False), (2, False)}
 
 
 class _SleepyEngine:
@@ -283,8 +289,13 @@ def test_sweep_point_min_time_is_validated_and_old_keys_stay():
     for bad in (-0.1, float("nan"), None):
         with pytest.raises(ValueError, match="min_time_s"):
             SweepPoint("fixed_active", "t", TINY, 1, min_time_s=bad)
-    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8, region=True).key != SweepPoint(
-        "fixed_active", "t", TINY, 2, tokens=8).key  # the one-region engine is another measurement
+    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8).key != SweepPoint(
+        "fixed_active", "t", TINY, 2, tokens=8, region=False).key  # the one-region engine is another measurement
+    blob2 = json.dumps({"config": TINY.to_dict(), "threads": 2, "tokens": 8, "repeats": 3, "warmup": 16,
+                        "v": MEASURE_VERSION}, sort_keys=True)  # per-matrix rows measured before it was the default
+    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8, region=False).key == hashlib.sha256(
+        blob2.encode()).hexdigest()[:16]
+    assert SweepPoint("fixed_active", "t", TINY, 1, tokens=8, region=False).key == p.key  # 1 thread: one step
     with pytest.raises(ValueError, match="region"):
         SweepPoint("fixed_active", "t", TINY, 2, region="yes")
 
@@ -293,6 +304,7 @@ def test_worker_runs_the_region_engine(tmp_path):
     """measure_in_subprocess passes --region to the worker, which decodes with Engine(region=True)."""
     import numba
 
+    from tern.kernels.policy import EnginePolicy
     from tern.measure.sweep import measure_in_subprocess
     from tern.packed.writer import random_model
 
@@ -303,7 +315,7 @@ def test_worker_runs_the_region_engine(tmp_path):
         m = measure_in_subprocess(path, SweepPoint("fixed_active", "t", TINY, 2, tokens=4, repeats=1, warmup=1,
                                                    region=region))
         assert m["engine"]["region"] is region and m["tok_per_s"] > 0
-        assert m["engine_policy"]["region"] is region  # what the sweep row records and prices
+        assert EnginePolicy.of_record(m).region is region  # what the sweep row records and prices
 
 
 def test_full_sweep_points_time_every_sample_long_enough():

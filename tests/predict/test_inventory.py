@@ -6,7 +6,7 @@ import pytest
 
 from tern.core.config import load_config, param_counts
 from tern.core.host_profile import OpCost
-from tern.kernels.policy import LEGACY_POLICY, EnginePolicy
+from tern.kernels.policy import LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
 from tern.measure.sweep import solve_efficiency
 from tern.predict.inventory import HIDDEN_DENSITY, PAR_SUFFIX, WorkKey, work_inventory, work_seconds
 from tern.predict.pools import two_pool
@@ -185,9 +185,9 @@ def test_expert_parallel_work_is_split_over_threads():
     from tern.predict.inventory import EP_SUFFIX, experts_parallel
 
     cfg = load_config("30m").replace(top_k=4, expert_hidden=1024, n_experts=16)
-    assert experts_parallel(cfg) == 4
-    assert experts_parallel(cfg.replace(top_k=1)) == 0
-    _, st, _, _ = work_inventory(cfg)
+    assert experts_parallel(cfg, PER_MATRIX_POLICY) == 4
+    assert experts_parallel(cfg.replace(top_k=1), PER_MATRIX_POLICY) == 0
+    _, st, _, _ = work_inventory(cfg, policy=PER_MATRIX_POLICY)
     assert st and all(EP_SUFFIX + "4" in str(k) and k.experts == 4 for k in st)
     assert WorkKey.parse("ternary_matvec@ep4") == WorkKey("ternary_matvec", "experts", 4)
     assert WorkKey.parse("ternary_matvec@ep4").priced_at(2) == (1, 2.0)

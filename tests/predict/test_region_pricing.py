@@ -8,7 +8,13 @@ import pytest
 
 from tern.core.config import load_config
 from tern.core.host_profile import OpCost
-from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, REGION_MIN_WEIGHTS, EnginePolicy
+from tern.kernels.policy import (
+    CURRENT_POLICY,
+    LEGACY_POLICY,
+    PER_MATRIX_POLICY,
+    REGION_MIN_WEIGHTS,
+    EnginePolicy,
+)
 from tern.predict.inventory import (
     REGION_PHASE,
     WorkKey,
@@ -31,7 +37,8 @@ def _host(phase_cost=True, threads=(1, 2)):
 
 
 def test_policy_region_fields_validate_and_old_records_read_as_per_matrix():
-    assert not CURRENT_POLICY.region and not LEGACY_POLICY.region
+    assert CURRENT_POLICY.region and not LEGACY_POLICY.region and not PER_MATRIX_POLICY.region
+    assert PER_MATRIX_POLICY.to_dict() == {"par_min_weights": 1 << 20}  # as written before the region fields
     d = REGION.to_dict()
     assert d["region"] is True and d["region_min_weights"] == REGION_MIN_WEIGHTS
     assert EnginePolicy.of_record({"engine_policy": d}) == REGION
@@ -50,7 +57,7 @@ def test_region_splits_matrices_from_its_threshold_and_experts_at_any_size():
     assert splits == {"items"}  # every mixer matrix is >= 16K weights
     assert all(k.split == "region_experts" and k.experts == cfg.top_k for k in st)
     # the per-matrix step prices the same model serial (all < 1M weights, experts < 1M)
-    pm, pm_st, _, _ = work_inventory(cfg)
+    pm, pm_st, _, _ = work_inventory(cfg, policy=PER_MATRIX_POLICY)
     assert {k.split for k in pm} == {"serial"} and {k.split for k in pm_st} == {"serial"}
     # below the threshold: serial; the router is serial in both
     tiny = cfg.replace(d_model=64, n_heads=2, vocab_size=128, shared_hidden=32, expert_hidden=32)
@@ -87,7 +94,8 @@ def test_items_keys_price_and_print():
         WorkKey("a", "items", -1)
     # an item's call is paid by each thread at once: once per matrix; the rest halves
     host = _host()
-    w = {WorkKey("ternary_matvec", "items", 64): work_inventory(load_config("sandbox"))[0][WorkKey("ternary_matvec")]}
+    serial = work_inventory(load_config("sandbox"), policy=PER_MATRIX_POLICY)[0][WorkKey("ternary_matvec")]
+    w = {WorkKey("ternary_matvec", "items", 64): serial}
     one, two = work_seconds(w, host, 1), work_seconds(w, host, 2)
     calls = next(iter(w.values())).calls
     assert two == pytest.approx((one - calls * 1e-7) / 2 + calls * 1e-7)

@@ -375,11 +375,12 @@ def test_cli_generate_export_bench(trained, tmp_path, capsys):
     assert cli.main(["generate", "--model", str(path), "-n", "8", "--temperature", "0"]) == 0
     streamed = capsys.readouterr().out
     assert len(streamed.strip()) > 0
-    if numba.config.NUMBA_NUM_THREADS >= 2:  # the one-region step: the same tokens
-        assert cli.main(["generate", "--model", str(path), "--prompt", "Once upon a time", "-n", "12",
-                         "--seed", "3", "--json", "--threads", "2", "--region"]) == 0
-        two = json.loads(capsys.readouterr().out)
-        assert two["token_ids"] == out["token_ids"] and two["region"] is True and out["region"] is False
+    if numba.config.NUMBA_NUM_THREADS >= 2:  # the one-region step (the default) and per matrix: the same tokens
+        for flag, region in (([], True), (["--per-matrix"], False)):
+            assert cli.main(["generate", "--model", str(path), "--prompt", "Once upon a time", "-n", "12",
+                             "--seed", "3", "--json", "--threads", "2", *flag]) == 0
+            two = json.loads(capsys.readouterr().out)
+            assert two["token_ids"] == out["token_ids"] and two["region"] is region and out["region"] is False
     cfg_json = tmp_path / "small.json"
     cfg_json.write_text(SMALL.to_json())
     out_file = tmp_path / "r.tern"

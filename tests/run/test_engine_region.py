@@ -151,15 +151,17 @@ def test_region_fallback_gives_the_same_logits(files, monkeypatch):
 
 
 def test_region_bad_input_and_one_thread(files):
-    for bad in ("yes", 1, None):
+    for bad in ("yes", 1, None, "on"):
         with pytest.raises(ValueError, match="region"):
             Engine(files["small"], threads=2, region=bad)
     with pytest.raises(ValueError, match="fused"):
         Engine(files["small"], threads=2, region=True, fused=False)
     one = Engine(files["small"], threads=1, region=True)  # nothing to share: the plain step
     assert one.describe()["region"] is False
-    if numba.config.NUMBA_NUM_THREADS >= 2:  # the default: a parallel region per matrix
-        assert not Engine(files["small"], threads=2).region
+    if numba.config.NUMBA_NUM_THREADS >= 2:  # the default: one region per token, with the fused step
+        assert Engine(files["small"], threads=2).region and Engine(files["small"], threads=2, region="auto").region
+        assert not Engine(files["small"], threads=2, region=False).region
+        assert not Engine(files["small"], threads=2, fused=False).region  # auto: the per-op Python step
     with pytest.raises(ValueError, match="n_phases"):
         phase_counters(0)
 
