@@ -42,7 +42,8 @@ PAR_MIN_WEIGHTS = 1 << 20
 # timed frame: probe-ctx-a 1.24 / 1.23, probe-ctx-b 1.24 / 1.30, 4m-e1 1.25 / 1.21, 4m-e74
 # 1.14 / 1.14, 30m-e1 1.18 / 1.22, 30m-e28 1.17 / 1.20, 30m-e64-k1 1.10 / 1.21, 30m-e64-k4
 # 1.02 / 1.09. A fresh probe + sweep (25 points at 2 threads, each engine in its own pass):
-# region / per-matrix measured over predicted, median 1.04. Beside one busy
+# region / per-matrix measured over predicted, median 1.04 (a noisy hour: both steps ran
+# at ~0.7 of that probe's predictions there, which no engine change explains). Beside one busy
 # process on one of the 2 cores it ran at 0.50 / 0.71x one thread (peers 5.6m / 28m; its
 # spin waits stall while the other thread is descheduled), the per-matrix engine at 1.0x;
 # with the stall watch (tern.run.region_watch) 0.98 / 0.94x.

@@ -259,7 +259,7 @@ def region_phases(cfg: ModelConfig, skip_split: bool) -> int:
         n += (6 if cfg.mixer(layer) == "ssm" else 4) + 1
         if cfg.is_moe(layer):
             n += cfg.n_shared * mlp(cfg.mlp_format) + max(cfg.n_shared - 1, 0) + 1
-            n += mlp(cfg.expert_format) + 1 if cfg.top_k == 1 else 2
+            n += (mlp(cfg.expert_format) + 1) if cfg.top_k == 1 else 2  # top-1: its MLP + the add
         elif cfg.mlp_hidden:
             n += mlp(cfg.mlp_format)
     return n + 2
