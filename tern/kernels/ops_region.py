@@ -96,7 +96,6 @@ from tern.kernels.region import claim, finish, wait_done
 # and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
 RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
 
-ROW_ALIGN = REGION_ROW_ALIGN  # rows per item are a multiple of this (the 4-row passes stay whole)
 # the activation-skip down projection split over 256-output segments (its SIMD form only)
 SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
 # scal (float32, >= 3): the activation scales one phase's item computes for the next phase
@@ -130,11 +129,11 @@ def n_items(G, rp, rows, cols):
     """Items a (rows, cols) matrix is split into: 1 under ``min_weights`` weights."""
     if rows * cols < rp[RP_MIN_WEIGHTS]:
         return 1
-    return max(1, min(G[G_THREADS] * rp[RP_ITEMS], (rows + ROW_ALIGN - 1) // ROW_ALIGN))
+    return max(1, min(G[G_THREADS] * rp[RP_ITEMS], (rows + REGION_ROW_ALIGN - 1) // REGION_ROW_ALIGN))
 
 
 @numba.njit(cache=True, inline="always")
-def item_rows(rows, n, i, align=ROW_ALIGN):
+def item_rows(rows, n, i, align=REGION_ROW_ALIGN):
     """Rows [r0, r1) of item i of n (contiguous, ``align``-aligned; the last may be short or empty)."""
     per = ((rows + n - 1) // n + align - 1) // align * align
     r0 = min(rows, i * per)

@@ -324,6 +324,13 @@ def _curve_split(key: WorkKey, threads: int) -> str:
     return "experts" if key.split in ("items", "region_experts") else key.split
 
 
+def _serial_reference(key: WorkKey, threads: int) -> bool:
+    """Is ``key``'s curve read against the single-thread curve (expert-parallel work: each
+    group of the "experts" curves starts a parallel region, which the per-matrix step's
+    expert-parallel layers pay too) rather than against its own cache-resident start?"""
+    return key.split == "experts" and threads > 1
+
+
 def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float | None:
     """How many times longer than on cache-resident data each weight of ``key``'s op takes
     at working set ``ws``, from the profile's measured kernel curves (None: no curve).
@@ -333,7 +340,7 @@ def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float |
     curve = op_curve_for(host.op_curves, key.op, split, threads)
     if curve is None:
         return None
-    ref = curve if key.split != "experts" or threads <= 1 else op_curve_for(host.op_curves, key.op, "serial", 1)
+    ref = op_curve_for(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else curve
     if ref is None:
         return None
     t_cost, _ = key.priced_at(threads)
@@ -381,7 +388,7 @@ def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weigh
     split = _curve_split(key, threads)
     if rows is not None:
         trio = op_curve_trio(host.op_curves, key.op, split, threads)
-        ref3 = trio if key.split != "experts" or threads <= 1 else op_curve_trio(host.op_curves, key.op, "serial", 1)
+        ref3 = op_curve_trio(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else trio
         if trio is not None and ref3 is not None:
             try:
                 return max(0.0, _trio_per_call_at(trio, ws, weights, rows)
@@ -389,7 +396,7 @@ def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weigh
             except np.linalg.LinAlgError:  # degenerate shapes (no row-heavy one): the pair
                 pass
     pair = op_curve_pair(host.op_curves, key.op, split, threads)
-    ref = pair if key.split != "experts" or threads <= 1 else op_curve_pair(host.op_curves, key.op, "serial", 1)
+    ref = op_curve_pair(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else pair
     if pair is None or ref is None:
         return None
     return max(0.0, _per_call_at(pair, ws, weights) - _per_call_at(ref, ws, weights, first=True))
@@ -408,15 +415,12 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
             continue
         t, divisor = key.priced_at(threads)
-        if key.split == "items" and threads > 1:  # a matrix = one group of items run at once
-            per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / divisor,
-                                            w.rows / w.calls / divisor)
-            if per_call is not None:
-                per_call *= divisor
-        else:
-            per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls, w.rows / w.calls)
+        # a call's weights and rows, and the calls one curve group (threads at once) stands for:
+        # an items matrix is one group of its items, expert-parallel calls share their groups
+        pieces = divisor if key.split == "items" and threads > 1 else 1.0
+        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / pieces, w.rows / w.calls / pieces)
         if per_call is not None:
-            extra += w.calls * per_call / divisor
+            extra += w.calls * per_call * pieces / divisor
         else:
             slow = _curve_slowdown(host, key, threads, ws)
             cost = op_cost_for(host.op_costs, key.op, t)

@@ -166,6 +166,12 @@ class Prediction:
 _ENGINE_CONTEXT: dict[tuple[int, int], tuple[tuple, tuple[float, float]]] = {}
 
 
+def host_engine_policy(host: HostProfile) -> EnginePolicy:
+    """The engine the host's probe ran (its profile's record; LEGACY_POLICY without one):
+    what a prediction for that host prices unless told otherwise."""
+    return EnginePolicy.of_record(host.host)
+
+
 def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     """(per-token overhead in s, engine-context factor) from the probe's engine runs
     (tern.probe.engine_runs) at the thread count nearest ``threads``: the overhead is the
@@ -183,7 +189,7 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     mine = [r for r in runs if r.threads == t]
     overhead = statistics.median(max(0.0, r.step_s - r.loop_s) for r in mine)
     factors = []
-    llc, measured_by = engine_llc_bytes(host), EnginePolicy.of_record(host.host)  # the probe's runs: its engine
+    llc, measured_by = engine_llc_bytes(host), host_engine_policy(host)  # the probe's runs: its engine
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
         p = predict_pools(two_pool(cfg, cfg.attn_window, llc, measured_by), host, t, _engine=(0.0, 1.0))
@@ -293,7 +299,7 @@ def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int 
     host's probe ran (its profile's record: an older profile prices the per-matrix step,
     whose cost it measured; a profile without a record, LEGACY_POLICY)."""
     if engine_policy is None:
-        engine_policy = EnginePolicy.of_record(host.host)
+        engine_policy = host_engine_policy(host)
     if fmt is not None:
         cfg = with_format(cfg, fmt)
     ctx = cfg.attn_window if context is None else context
@@ -359,7 +365,7 @@ def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int |
     if not host.op_costs:
         raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
     p = predict(cfg, host, threads, context)
-    res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host))
+    res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host), host_engine_policy(host))
     out: dict[str, float] = {}
     for w in (res, st):
         for op, sec in (work_breakdown(w, host, threads) or {}).items():

@@ -129,3 +129,19 @@ def test_region_phase_count_follows_the_model():
     assert region_phases(silu, False) == region_phases(silu, True)  # row matvec down: a phase of its own
     more = base.replace(n_layers=base.n_layers + 1)
     assert region_phases(more, True) > region_phases(base, True)
+
+
+def test_breakdown_and_calibration_price_the_engine_the_profile_recorded():
+    """time_breakdown and the sweep's efficiency solver price the same step as predict(): the
+    profile's recorded engine (per-matrix here: a profile without a record), at 2 threads too."""
+    from tern.measure.sweep import solve_efficiency
+    from tern.predict.roofline import host_engine_policy, time_breakdown
+
+    host = dataclasses.replace(_host(), calibration={"per_token_overhead_s": 3e-6})
+    assert host_engine_policy(host) == LEGACY_POLICY
+    cfg = load_config("sandbox").replace(d_model=512, n_heads=8)  # matrices >= 1M weights: split per matrix
+    for t in (1, 2):
+        assert sum(time_breakdown(cfg, host, t).values()) == pytest.approx(predict(cfg, host, t).s_per_token)
+    target = predict(cfg, dataclasses.replace(host, calibration={"per_token_overhead_s_t2": 3e-6,
+                                                                 "bandwidth_efficiency_t2": 0.5}), 2).s_per_token
+    assert solve_efficiency(cfg, host, 2, 3e-6, target) == pytest.approx(0.5, rel=1e-5)
