@@ -25,6 +25,11 @@ second, 1e9 bytes). Sections:
   (kt.ternary_matvec_rows / _par, same sums) on (4096, 14336) (cache-resident) and the
   DRAM matrix of the b3 section, each on/off pair timed back to back, ``--rounds`` times,
   next to the probe's read kernel at the DRAM working set (``pct_of_read_gbps``);
+* ``distance`` (``--prefetch-distance 4096,8192``, run alone): the ternary2 4-row and one-row
+  passes with their software prefetch compiled for each distance (bytes ahead; the engine's
+  is tern.kernels.prefetch.PREFETCH_MIN_BYTES), on an 8 MiB (cache-resident) and a
+  >= ``--dram-bytes`` matrix of every ``--row-bytes`` row length, the distances interleaved
+  run by run in one process so a drifting host moves them alike (``prefetch_bytes``);
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
   DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on).
@@ -244,6 +249,91 @@ def run_prefetch(args: argparse.Namespace, threads: list[int], timing: TimingCon
     return rows_out
 
 
+DISTANCE_CACHE_BYTES = 8 * 2**20  # the distance section's cache-resident matrix
+DISTANCE_ROW_BYTES = "256,512,1408,3584"  # its default row lengths (d_model 1024 .. 14336)
+
+
+def distance_passes(distance: int) -> dict[str, tuple]:
+    """{"ternary2": (1-thread, parallel), "ternary2_stream": (...)}: the ternary2 4-row and
+    one-row passes (as kt._rows_simd, without scales) with software prefetch ``distance``
+    bytes ahead, compiled for it here (uncached)."""
+    from numba import prange
+
+    from tern.kernels.simd import _ISA, ROWS_PER_DOT, _make_row_dot
+
+    def make(nrows: int) -> tuple:
+        dot = _make_row_dot(_ISA, nrows, distance)
+
+        @numba.njit(inline="always")
+        def rows(packed, xq, qsum, out, r0, r1):
+            nfull = xq.shape[0] // kt.SEG_COLS
+            gtail = packed.shape[1] - nfull * kt.SEG_BYTES
+            if nrows == 1:
+                for r in range(r0, r1):
+                    out[r] = np.float32(dot(packed, r, xq, nfull, gtail) - qsum)
+            else:
+                for r in range(r0, r1 - nrows + 1, nrows):
+                    sums = dot(packed, r, xq, nfull, gtail)
+                    for i in range(nrows):
+                        out[r + i] = np.float32(sums[i] - qsum)
+
+        @numba.njit
+        def one(packed, xq, out):
+            rows(packed, xq, kt.act_sum(xq), out, 0, packed.shape[0])
+
+        @numba.njit(parallel=True)
+        def par(packed, xq, out):
+            q, n = kt.act_sum(xq), packed.shape[0]
+            for b in prange((n + kt.ROW_BLOCK - 1) // kt.ROW_BLOCK):
+                rows(packed, xq, q, out, b * kt.ROW_BLOCK, min(n, (b + 1) * kt.ROW_BLOCK))
+        return one, par
+
+    return {"ternary2": make(ROWS_PER_DOT), "ternary2_stream": make(1)}
+
+
+def run_distance(args: argparse.Namespace, threads: list[int], timing: TimingConfig, meta: dict) -> list[dict]:
+    """The distance section: every (pass, distance) on each matrix, interleaved in rounds."""
+    if kt.DEFAULT_VARIANT != "simd":
+        raise SystemExit("the distance section needs the simd row passes (AVX2 / AVX-512)")
+    passes = {d: distance_passes(d) for d in args.prefetch_distance}
+    rows_out = []
+    for rb in (int(b) for b in args.row_bytes.split(",")):
+        for size in (DISTANCE_CACHE_BYTES, max(args.dram_bytes, 2 * DISTANCE_CACHE_BYTES)):
+            n = max(16, size // rb // 16 * 16)
+            t2 = random_ternary2(n, 4 * rb, seed=0)
+            xq = np.random.default_rng(1).integers(-127, 128, size=4 * rb, dtype=np.int8)
+            out = np.empty(n, np.float32)
+            for t in threads:
+                jobs = [(k, d) for d in passes for k in passes[d]]
+                with numba_threads(t):
+                    calls = {(k, d): (lambda f=passes[d][k][t > 1], a=t2, x=xq, o=out: f(a, x, o)) for k, d in jobs}
+                    runs = {j: [] for j in jobs}
+                    for _ in range(args.repeats):  # one run of each job per round
+                        for j in jobs:
+                            runs[j].append(_time_call(calls[j], t2.nbytes, 2 * n * 4 * rb,
+                                                      TimingConfig(min_time_s=timing.min_time_s, repeats=1)))
+                for (k, d), rs in runs.items():
+                    res = {key: summarize([r[key]["median"] for r in rs]) for key in ("gops_per_s", "gbps", "us_per_call")}
+                    row = {**run_metadata(t), **meta, "section": "distance", "kernel": k, "rows": n, "cols": 4 * rb,
+                           "row_bytes": rb, "prefetch_bytes": d, "working_set_bytes": int(t2.nbytes),
+                           "weight_bytes": int(t2.nbytes), **res}
+                    rows_out.append(row)
+                    if args.out:
+                        append_jsonl(args.out, row)
+    return rows_out
+
+
+def prefetch_distances(text: str) -> list[int]:
+    """--prefetch-distance: comma-separated byte distances, each a positive multiple of 64."""
+    try:
+        ds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated byte counts, got {text!r}") from None
+    if not ds or any(d <= 0 or d % 64 for d in ds):
+        raise argparse.ArgumentTypeError(f"distances must be positive multiples of 64 bytes, got {text!r}")
+    return ds
+
+
 def dram_shape(min_bytes: int) -> tuple[int, int]:
     """A square-ish (rows, cols) whose ternary2 payload is at least ``min_bytes``."""
     side = 256 * math.ceil(math.sqrt(4 * min_bytes) / 256)
@@ -273,6 +363,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
     if args.b3:  # this section alone
         return run_b3(args, threads, timing, meta)
+    if args.prefetch_distance:  # this section alone
+        return run_distance(args, threads, timing, meta)
     if args.prefetch:  # this section alone
         return run_prefetch(args, threads, timing, {**meta, "row_prefetch_default": kt.ROW_PREFETCH})
     rows_out: list[dict] = []
@@ -314,6 +406,8 @@ def render(rows: list[dict]) -> str:
         if "prefetch" in r:
             note = f"prefetch {'on' if r['prefetch'] else 'off'}" + (
                 f", {r['pct_of_read_gbps']:.0f}% of read bandwidth" if "pct_of_read_gbps" in r else "")
+        if "prefetch_bytes" in r:
+            note = f"{r['row_bytes']} B rows, prefetch {r['prefetch_bytes']} B ahead"
         if r["kernel"] == "read_bandwidth":
             note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
         lines.append(f"{r['section']:8s} {r['kernel']:16s} {r['rows']:>6d}x{r['cols']:<6d} {r['threads']:>3d} "
@@ -340,9 +434,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="run only the b3 section: the base-3 kernel against ternary2, in cache and from DRAM")
     p.add_argument("--prefetch", action="store_true",
                    help="run only the prefetch section: ternary2 row passes with software prefetch off / on")
+    p.add_argument("--prefetch-distance", type=prefetch_distances, default=None, metavar="BYTES[,BYTES]",
+                   help="run only the distance section: the row passes with software prefetch compiled for "
+                        "each distance (e.g. 4096,8192), interleaved in one process (--row-bytes: its row "
+                        f"lengths, default {DISTANCE_ROW_BYTES})")
     p.add_argument("--rounds", type=int, default=1, help="prefetch section: off/on pairs per kernel (default 1)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or 5
+    if args.prefetch_distance and args.row_bytes == ",".join(map(str, ROW_LENGTH_BYTES)):
+        args.row_bytes = DISTANCE_ROW_BYTES
     args.min_time_s = args.min_time_s or (0.02 if args.quick else 0.1)
     if args.quick:
         args.no_dram = True

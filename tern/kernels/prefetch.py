@@ -20,11 +20,13 @@ from numba.extending import intrinsic
 # Measured on AMD EPYC Zen 5 (2 cores, 1 thread, ~200 MiB base-3 matrices, 4-row pass of
 # tern.kernels.kernels_b3): without software prefetch 16-19 GB/s at 1,024 / 4,096 / 14,336
 # columns; the next pass's rows or >= 4 KB ahead 24-36 GB/s (distances of 1-2 KB within a
-# row helped less; measurements spread +-15 %). Then 4 KB against 6, 8, 12 and 16 KB on the
-# same host (session 12, ternary2 1,024-column 4-row pass, 1 thread, medians of 7 interleaved
-# runs): 128 KB expert matrices at random places of 768 MB 23.8 -> 26.3 GB/s at 8 KB (12 KB
-# 23.8, 16 KB 22.3: past a small matrix's end the hint only wastes bandwidth), one 3 MB
-# matrix 30.2 -> 36.1; the one-row pass over 1 MiB matrices 33.2 -> 34.3.
+# row helped less; measurements spread +-15 %). 8 KB against 4 KB, same host (session 12,
+# `benchmarks/ternary_matvec.py --prefetch-distance 4096,8192`: both compiled in one process,
+# runs interleaved; three runs): DRAM 4-row pass at 1 thread x1.22-1.30 at 256 B rows (1,024
+# columns) and x1.09-1.13 at 512 B; longer rows, the one-row pass, L3-resident matrices and
+# 2 threads (DRAM-bound at ~40 GB/s) alike within the runs' noise. Base-3 4-row pass, one-off
+# same-process A/B: x0.97-1.20 (best at 410 B rows from DRAM). 12 and 16 KB were slower than
+# 8 KB on scattered 128 KB expert matrices (past a small matrix's end the hint only wastes bandwidth).
 PREFETCH_MIN_BYTES = 8192
 
 _I8 = ir.IntType(8)

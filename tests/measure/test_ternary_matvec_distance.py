@@ -1,0 +1,61 @@
+"""benchmarks/ternary_matvec.py --prefetch-distance: the row passes compiled per prefetch
+distance compute the engine kernel's sums, every (pass, distance, threads, matrix) gets one
+JSONL row, and a bad distance is a clear argparse error."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tern.kernels import kernels_ternary as kt
+from tern.kernels.packing import random_ternary2
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ternary_matvec.py"
+pytestmark = pytest.mark.skipif(kt.DEFAULT_VARIANT != "simd", reason="the row passes need AVX2 / AVX-512")
+
+
+@pytest.fixture(scope="module")
+def tm():
+    spec = importlib.util.spec_from_file_location("ternary_matvec", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ternary_matvec"] = mod  # numba's cache entries then name an importable module
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_distance_passes_compute_the_kernels_sums(tm):
+    rows, cols = 48, 1408 * 4
+    packed = random_ternary2(rows, cols, seed=2)
+    xq = np.random.default_rng(3).integers(-127, 128, size=cols, dtype=np.int8)
+    ref = np.empty(rows, np.float32)
+    kt.ternary_matvec(packed, np.ones(rows, np.float32), xq, np.float32(1), ref)
+    for distance in (4096, 8192):
+        for name, fns in tm.distance_passes(distance).items():
+            for fn in fns:  # 1-thread and parallel
+                out = np.full(rows, np.nan, np.float32)
+                fn(packed, xq, out)
+                assert np.array_equal(out, ref), (distance, name)
+
+
+def test_distance_section_rows(tm, tmp_path, capsys):
+    out = tmp_path / "k.jsonl"
+    tm.main(["--prefetch-distance", "4096,8192", "--threads", "1", "--row-bytes", "256",
+             "--dram-bytes", "1", "--repeats", "2", "--min-time-s", "0.002", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    got = {(r["kernel"], r["prefetch_bytes"], r["working_set_bytes"]) for r in rows}
+    sizes = {r["working_set_bytes"] for r in rows}
+    assert len(sizes) == 2 and len(rows) == 2 * 2 * 2 == len(got)  # 2 passes x 2 distances x 2 matrices
+    for r in rows:
+        assert r["section"] == "distance" and r["row_bytes"] == 256 and r["threads"] == 1
+        assert r["gbps"]["repeats"] == 2 and r["gbps"]["median"] > 0
+    assert "prefetch 8192 B ahead" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["100", "0", "-64", "4k", ","])
+def test_bad_distance_is_a_clear_error(tm, bad, capsys):
+    with pytest.raises(SystemExit):
+        tm.main(["--prefetch-distance", bad, "--out", ""])
+    assert "--prefetch-distance" in capsys.readouterr().err
