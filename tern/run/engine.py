@@ -18,7 +18,7 @@ computes the same model (docs/MODEL.md):
 - ``fused``: the whole token runs in one numba function (else Python loops over layers).
 - ``threads > 1``: ``region`` "auto" (default, with the fused step) / ``True``: the token
   in ONE parallel region (tern.kernels.ops_region; rules and measurements in
-  tern.kernels.policy), falling back to the per-matrix step while it stalls on a busy core
+  tern.kernels.policy), falling back to the one-thread step while it stalls on a busy core
   (tern.run.region_watch); ``False``: a numba parallel region per matrix of at least
   ``par_min_weights`` weights, its rows split over the threads (smaller ones stay serial:
   starting a region costs more than they do), and expert-parallel MoE layers. Every
@@ -369,7 +369,7 @@ class Engine:
             self._past_max_seq_len()
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if self.region:  # the region step, or the per-matrix one while it falls back (tern.run.region_watch)
+        if self.region:  # the region step, or one thread while it falls back (tern.run.region_watch)
             self.region_runner(token)
         elif self.fused:
             ops.token_step(*self._before, token, *self._after)

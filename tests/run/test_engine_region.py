@@ -107,10 +107,11 @@ def test_region_timing_helpers(files):
 
 def test_region_watch_falls_back_after_stalls_and_retries():
     """tern.run.region_watch: quick tokens build the baseline; one slow token is not enough,
-    STALLS_TO_SWITCH within the window switch to the per-matrix step for FALLBACK_TOKENS,
+    STALLS_TO_SWITCH within the window switch to the one-thread step for FALLBACK_TOKENS,
     then the region is tried again against the same baseline."""
     from tern.run import region_watch as rw
 
+    assert rw.STALLS_TO_SWITCH >= 2
     r = rw.RegionRunner((), ())
     for _ in range(rw.MIN_SAMPLES - 1):
         r.record(1e-4)
@@ -120,22 +121,51 @@ def test_region_watch_falls_back_after_stalls_and_retries():
     for _ in range(rw.MIN_SAMPLES):
         r.record(1e-4)
     r.record(rw.STALL_FACTOR * 1e-4 * 0.9)  # slower, not stalled
-    r.record(1e-3)  # stalled once
+    for _ in range(rw.STALLS_TO_SWITCH - 1):
+        r.record(1e-3)  # stalled, not yet enough
     assert r.fallback_left == 0 and r.baseline() == pytest.approx(1e-4)
-    r.record(1e-3)  # twice: fall back
+    r.record(1e-3)  # STALLS_TO_SWITCH: fall back
     assert r.fallback_left == rw.FALLBACK_TOKENS and r.switches == 1 and not any(r.stalled) and r.n_stalled == 0
     assert r.baseline() == pytest.approx(1e-4)  # kept for the retry
     r = rw.RegionRunner((), ())  # stalls further apart than the window do not add up
     for i in range(rw.MIN_SAMPLES + 3 * rw.WINDOW):
-        r.record(1e-3 if i >= rw.MIN_SAMPLES and i % rw.WINDOW == 0 else 1e-4)
+        r.record(1e-3 if i >= rw.MIN_SAMPLES and i % (rw.WINDOW // 2) == 0 else 1e-4)
         assert r.n_stalled == sum(r.stalled)
     assert r.switches == 0
 
 
+def test_region_fallback_runs_on_one_thread(monkeypatch):
+    """While it falls back, the runner calls the plain step with numba on ONE thread (a
+    thread that waits for nobody) and gives the caller its thread count back, also when the
+    step raises."""
+    from tern.run import region_watch as rw
+
+    seen = []
+
+    class FakeOps:
+        @staticmethod
+        def token_step(*args):
+            seen.append(numba.get_num_threads())
+            if args[-1] == "boom":
+                raise RuntimeError("boom")
+
+    monkeypatch.setattr(rw, "ops", FakeOps)
+    r = rw.RegionRunner(("b",), tuple(range(rw.N_PLAIN_AFTER + 4)))
+    r.fallback_left = 2
+    before = numba.get_num_threads()
+    r(5)
+    assert seen == [1] and numba.get_num_threads() == before and r.fallback_left == 1
+    r = rw.RegionRunner(("b",), tuple(range(rw.N_PLAIN_AFTER - 1)) + ("boom",) + (0, 0, 0, 0))
+    r.fallback_left = 1
+    with pytest.raises(RuntimeError, match="boom"):
+        r(5)
+    assert seen == [1, 1] and numba.get_num_threads() == before
+
+
 @needs_two
 def test_region_fallback_gives_the_same_logits(files, monkeypatch):
-    """A region engine whose clock says every token stalled switches to the per-matrix step
-    and back; the logits never change."""
+    """A region engine whose clock says every other token stalled switches to the one-thread
+    step and back; the logits never change."""
     from tern.run import region_watch as rw
 
     monkeypatch.setattr(rw, "FALLBACK_TOKENS", 3)
