@@ -157,8 +157,10 @@ def effective_tiers(host: HostProfile, threads: int = 1, kernel: str = "read") -
     smoothed) rate changes less than FLAT_SLOPE per octave; neighbouring plateaus within
     MERGE_WITHIN of each other are one tier; a tier ends where the curve falls through the
     geometric mean of its rate and the next tier's. A VM's slice of a large shared L3
-    shows up as the small, slow tier it is, whatever /sys says. Names follow the order
-    (L1, L2, ...; the last, unbounded tier is DRAM)."""
+    shows up as the small, slow tier it is, whatever /sys says. A tier is named after the
+    largest declared cache level (/sys, at these threads) of at most twice its size that an
+    earlier tier has not taken — L1 and L2 that read alike are one tier, "L2" — else after
+    the next level number; the last, unbounded tier is DRAM."""
     avail = host.thread_counts(kernel)
     if not avail:
         return []
@@ -190,6 +192,8 @@ def effective_tiers(host: HostProfile, threads: int = 1, kernel: str = "read") -
         else:
             plateaus.append((r, rate))
     out = []
+    hints = [(c.level, cache_capacity_bytes(host, c.level, t) or 0) for c in cache_levels(host)]
+    last_level = 0
     for k, (r, rate) in enumerate(plateaus):
         size = 0
         if k + 1 < len(plateaus):
@@ -202,8 +206,14 @@ def effective_tiers(host: HostProfile, threads: int = 1, kernel: str = "read") -
                 size = int(2 ** (xs[i] + f * (xs[i + 1] - xs[i])))
             else:
                 size = int(2 ** xs[-1])
-        last = k == len(plateaus) - 1
-        out.append(Tier("DRAM" if last and k > 0 else f"L{k + 1}", size, 2 ** rate))
+        if k == len(plateaus) - 1 and k > 0:
+            out.append(Tier("DRAM", size, 2 ** rate))
+            continue
+        # named after the largest declared level it covers (two caches that read alike are
+        # one tier: a 2 MiB tier at L1's rate is "L2"), else the next number
+        fits = [lv for lv, cap in hints if lv > last_level and 0 < cap <= 2 * max(size, 1)]
+        last_level = max(fits) if fits and size > 0 else last_level + 1
+        out.append(Tier(f"L{last_level}", size, 2 ** rate))
     return out
 
 

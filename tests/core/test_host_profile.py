@@ -82,3 +82,24 @@ def test_effective_tiers_follow_the_measured_curve_not_sys():
     assert cache_marks(host)[-1][1] == effective_llc_bytes(host)
     ref = HostProfile("ref", False, {}, (sys_l3,), "published", pts)
     assert cache_marks(ref) == [("L3", 480 << 20)]  # not measured: the declared sizes
+
+
+def test_tiers_that_read_alike_are_named_after_the_larger_cache():
+    """The Intel Xeon VM: L1 (48 KiB) and L2 (2 MiB) read within 15 % of each other, so the
+    curve shows one 2 MiB tier, then a ~100 MiB slice of the 480 MiB /sys L3: they are named
+    L2 and L3 (after /sys), not L1 and L2 (by order)."""
+    from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
+    from tern.core.host_queries import effective_tiers
+
+    def rate(ws):
+        return 160.0 if ws <= 48 << 10 else 147.0 if ws <= 2 << 20 else 29.0 if ws <= 100 << 20 else 16.0
+
+    pts = tuple(BandwidthPoint("read", 1, int(2 ** (e / 4)), rate(2 ** (e / 4)), rate(2 ** (e / 4)), 3)
+                for e in range(48, 122))  # 4 KiB .. 1.5 GiB
+    caches = (CacheLevel(1, "Data", 48 << 10, 2, 1), CacheLevel(2, "Unified", 2 << 20, 2, 1),
+              CacheLevel(3, "Unified", 480 << 20, 1, 2))
+    tiers = effective_tiers(HostProfile("xeon", True, {}, caches, "/sys", pts), 1)
+    assert [t.name for t in tiers] == ["L2", "L3", "DRAM"]
+    assert 1 << 20 < tiers[0].size_bytes < 4 << 20 and 64 << 20 < tiers[1].size_bytes < 160 << 20
+    # without /sys sizes the names follow the order
+    assert [t.name for t in effective_tiers(HostProfile("bare", True, {}, (), "none", pts), 1)] == ["L1", "L2", "DRAM"]
