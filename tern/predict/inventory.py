@@ -366,11 +366,20 @@ def _trio_per_call_at(trio: tuple[Any, Any, Any], ws: float, weights: float, row
     set ``ws``: the plane ``a + b x weights + c x rows`` through the three measured shapes
     of ``trio`` (``first``: at each curve's smallest, cache-resident working set). The
     per-row term is measured at the working set, so how much of a long-running matrix's
-    per-row work hides the memory stream is the host's, not assumed."""
+    per-row work hides the memory stream is the host's, not assumed. A matrix with more (or
+    fewer) rows per weight than every measured shape is priced at the nearest measured
+    ratio: the plane is a fit over the shapes, not a law beyond them. (The 4m sweep family's
+    experts, 2048 x 256 with 64-byte rows, extrapolated 2x past the 2048 x 512 shape priced
+    a per-row DRAM stall that the engine does not pay: Intel Xeon host compiled for AVX2,
+    4m-e640 / 4m-e1309 at 1 thread measured 1.32 / 1.30x their predictions; held at the
+    measured range: 49 / 50 within +-20 % there instead of 45, no committed host worse.)"""
     A = np.array([[1.0, c.rows * c.cols * c.density, float(c.cols if c.op == "ternary_skip" else c.rows)]
                   for c in trio])
     t = np.array([c.seconds[0] if first else c.seconds_at(ws) for c in trio])
     a, b, c = np.linalg.solve(A, t)
+    if weights > 0:  # rows per weight held within the measured shapes' range: the plane is not extrapolated
+        per_weight = A[:, 2] / A[:, 1]
+        rows = min(max(rows, weights * float(per_weight.min())), weights * float(per_weight.max()))
     return float(a + b * weights + c * rows)
 
 

@@ -259,3 +259,28 @@ def test_the_pools_count_the_bytes_the_engine_reads_not_the_file_s():
     fp32 = moe.replace(router_format="fp32")
     assert engine_extra_bytes(fp32) == (0, 0)
     assert two_pool(fp32).resident_bytes == param_counts(fp32).resident.bytes
+
+
+def test_trio_plane_is_not_extrapolated_past_the_measured_row_ratios():
+    """Three measured shapes fix per-call + per-weight + per-row terms; a matrix with more
+    rows per weight than any of them (2048 x 256 against 2048 x 512) is priced at the most
+    row-heavy measured ratio, one with fewer at the least: the fit is not a law beyond the
+    shapes it was fitted on."""
+    from tern.core.host_profile import OpCurve
+    from tern.predict.inventory import _trio_per_call_at
+
+    a, b, c = 1e-7, 2e-11, 5e-9  # seconds: per call, per weight, per row (at both working sets)
+
+    def curve(rows, cols):
+        t = a + b * rows * cols + c * rows
+        return OpCurve("ternary_matvec", "serial", 1, rows, cols, 1.0, (1 << 18, 1 << 29), (t, t))
+
+    trio = (curve(256, 1024), curve(1024, 1024), curve(2048, 512))
+    at = lambda w, r: _trio_per_call_at(trio, 1 << 29, w, r)  # noqa: E731
+    inside = 1536 * 768
+    assert at(inside, 1536) == pytest.approx(a + b * inside + c * 1536)  # within the range: the plane
+    w = 2048 * 256  # 1/256 rows per weight, the most row-heavy measured is 1/512
+    assert at(w, 2048) == pytest.approx(a + b * w + c * w / 512)
+    assert at(w, 2048) < a + b * w + c * 2048
+    w = 64 * 4096  # 1/4096 rows per weight, the least row-heavy measured is 1/1024
+    assert at(w, 64) == pytest.approx(a + b * w + c * w / 1024)
