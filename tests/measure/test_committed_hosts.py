@@ -31,6 +31,11 @@ SLACK = 0.02  # a floor may move this much with float noise of a refactor, no mo
 # is a strict xfail there (it fails as soon as the model meets the targets: then remove
 # the entry), and no change may make them worse than these figures.
 KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
+    # the Intel Xeon VM with numba compiling for SSE4.2 (session 13): the plain ternary path
+    # is compute-bound there (82 ps per weight, 11x the AVX-512 kernel) and its 1-thread
+    # points from 7.5 MiB up run at 0.77-0.92x their predictions (30m-e64-k8 0.77) while the
+    # host's kernel speed timed beside each point was 1.03x the probe's; 2 threads: median 4.8 %
+    "intel-xeon-amx-sse42": (0.92, 0.088, "Intel SSE4.2 build: 1-thread points 0.77-0.92x, cause not found"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -44,6 +49,8 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # 8 / 4 experts of 512 x 1024): the engine streams their small experts slower than the
     # one-size curves say (measured 81 / 109 tok/s, predicted 101 / 148 on the native host)
     ("amd-epyc-zen4-avx2", "d1024-L24-E256k4-h512", 2): 0.190,
+    # the Intel SSE4.2 build (above): 105m at 1 thread measured 244 tok/s, predicted 206
+    ("intel-xeon-amx-sse42", "105m", 1): 0.185,
 }
 
 
