@@ -211,8 +211,8 @@ def effective_tiers(host: HostProfile, threads: int = 1, kernel: str = "read") -
             continue
         # named after the largest declared level it covers (two caches that read alike are
         # one tier: a 2 MiB tier at L1's rate is "L2"), else the next number
-        fits = [lv for lv, cap in hints if lv > last_level and 0 < cap <= 2 * max(size, 1)]
-        last_level = max(fits) if fits and size > 0 else last_level + 1
+        fits = [lv for lv, cap in hints if lv > last_level and 0 < cap <= 2 * size]
+        last_level = max(fits, default=last_level + 1)
         out.append(Tier(f"L{last_level}", size, 2 ** rate))
     return out
 
