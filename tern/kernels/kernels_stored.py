@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+from tern.kernels.prefetch import prefetch_row, rows_ahead
 from tern.kernels.simd import target_features
 
 # Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
@@ -152,16 +153,35 @@ def _dot16(W, x, r, bf16):
 
 @numba.njit(fastmath=True, cache=True)
 def matvec_w16(W, x, out, bf16):
-    """out (rows,) = W (rows, cols) fp16 / bf16 bits @ x (cols,) float32; one thread."""
-    for r in range(W.shape[0]):
-        out[r] = _dot16(W, x, r, bf16)
+    """out (rows,) = W (rows, cols) fp16 / bf16 bits @ x (cols,) float32; one thread. Each
+    row's lines are prefetched :func:`tern.kernels.prefetch.rows_ahead` rows early; the
+    fp16 / bf16 choice is made outside the row loop (a per-row branch on a runtime flag
+    cost the prefetch its gain: measured, 10.4 against 12.0 GB/s)."""
+    a = rows_ahead(W)
+    n = W.shape[0]
+    if bf16:
+        for r in range(n):
+            prefetch_row(W, r + a, n)
+            out[r] = _dot16(W, x, r, True)
+    else:
+        for r in range(n):
+            prefetch_row(W, r + a, n)
+            out[r] = _dot16(W, x, r, False)
 
 
 @numba.njit(fastmath=True, cache=True, parallel=True)
 def matvec_w16_par(W, x, out, bf16):
     """:func:`matvec_w16`, output rows split over numba threads (same per-row order)."""
-    for r in numba.prange(W.shape[0]):
-        out[r] = _dot16(W, x, r, bf16)
+    a = rows_ahead(W)
+    n = W.shape[0]
+    if bf16:
+        for r in numba.prange(n):
+            prefetch_row(W, r + a, n)
+            out[r] = _dot16(W, x, r, True)
+    else:
+        for r in numba.prange(n):
+            prefetch_row(W, r + a, n)
+            out[r] = _dot16(W, x, r, False)
 
 
 # ---- int8 weights, fp32 activation --------------------------------------------------------
@@ -180,14 +200,18 @@ def _int8w_row(Wq, x, r):
 def matvec_int8w(Wq, scale, x, out):
     """out (rows,) = scale * (Wq (rows, cols) int8 @ x (cols,) fp32): an int8-stored matrix
     (embedding / head, per-row absmax scale) times a full-precision activation."""
+    a = rows_ahead(Wq)
     for r in range(Wq.shape[0]):
+        prefetch_row(Wq, r + a, Wq.shape[0])
         out[r] = _int8w_row(Wq, x, r) * scale[r]
 
 
 @numba.njit(parallel=True, **JIT)
 def matvec_int8w_par(Wq, scale, x, out):
     """:func:`matvec_int8w` with output rows split over numba threads (same per-row order)."""
+    a = rows_ahead(Wq)
     for r in numba.prange(Wq.shape[0]):
+        prefetch_row(Wq, r + a, Wq.shape[0])
         out[r] = _int8w_row(Wq, x, r) * scale[r]
 
 
@@ -267,4 +291,4 @@ def router_logits(buf, aux, kind, addr, E, D, xn, out):
 
 
 # numba cache hygiene: the cached code above embeds tern.kernels.kernels_dense's kernels
-drop_stale_cache(__file__, ("kernels_dense.py",), dense_matvec)
+drop_stale_cache(__file__, ("kernels_dense.py", "prefetch.py"), dense_matvec)

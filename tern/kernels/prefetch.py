@@ -7,13 +7,17 @@ row or of an array is harmless, and it changes no result.
   pass over ``nrows`` rows prefetches the same bytes of the next pass's rows, at least
   PREFETCH_MIN_BYTES on;
 * :func:`prefetch_line`, the same hint as a numba intrinsic (the scattered rows of the
-  activation-skip kernel, tern.kernels.kernels_ternary).
+  activation-skip kernel, tern.kernels.kernels_ternary);
+* :func:`prefetch_row` (with :func:`rows_ahead`), every line of a row some rows on: the
+  row-at-a-time kernels of the stored fp16 / bf16 / int8 tables (heads, embeddings,
+  tern.kernels.kernels_stored). Not the fp32 kernels: the hardware prefetcher already
+  streams 4-byte rows, and the hint made them slower (below).
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -52,9 +56,8 @@ def prefetch_ahead(builder, stride0, nrows: int, prefetch: int):
 @intrinsic
 def prefetch_line(typingctx, arr, row, byte_off):
     """Hint the CPU to fetch the cache line holding byte ``byte_off`` of row ``row`` of a
-    2-D C-contiguous uint8 array."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint8
-            and arr.layout == "C"):
+    2-D C-contiguous array (any dtype: the offset is in bytes)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"):
         return None
     sig = types.none(arr, types.int64, types.int64)
 
@@ -67,3 +70,28 @@ def prefetch_line(typingctx, arr, row, byte_off):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+CACHE_LINE_BYTES = 64
+
+
+@njit(cache=True, inline="always")
+def rows_ahead(W):
+    """How many rows ahead a row-at-a-time kernel over the 2-D ``W`` prefetches: the first
+    row at least PREFETCH_MIN_BYTES on (at least the next one)."""
+    row_bytes = W.shape[1] * W.itemsize
+    return max(1, (PREFETCH_MIN_BYTES + row_bytes - 1) // max(1, row_bytes))
+
+
+@njit(cache=True, inline="always")
+def prefetch_row(W, r, stop):
+    """Prefetch every cache line of row ``r`` of the 2-D C-contiguous ``W``; nothing when
+    ``r >= stop`` (the end of the caller's rows). The dense row-at-a-time kernels call it
+    with ``r`` = the row being summed + :func:`rows_ahead`. Measured on the Intel Xeon VM
+    (2,048 columns from DRAM, 1 thread, one process, interleaved runs, bit-identical
+    results; GB/s without -> with, rows 4-8 KB ahead): fp16 (32,000 rows, 131 MB)
+    10.7 -> 11.1-12.0; int8 (64,000 rows, 131 MB) 6.8 -> 12.8-13.4; fp32 (32,000 rows,
+    262 MB) 13.3 -> 10.8-11.2, so the fp32 kernels do without it."""
+    if r < stop:
+        for off in range(0, W.shape[1] * W.itemsize, CACHE_LINE_BYTES):
+            prefetch_line(W, r, off)
