@@ -60,7 +60,7 @@ class TrainConfig:
     tokenizer: str = "bpe1024"
     device: str = "auto"
     amp: bool = True  # CUDA only: bf16 autocast, or fp16 + GradScaler where bf16 is missing
-    compile: bool = False
+    compile: bool = False  # CUDA only: torch.compile (it cannot trace the CPU step's numba kernels)
     threads: int = 0  # CPU threads for torch and numba; 0: leave the defaults
     eval_every: int = 0
     eval_tokens: int = 65536

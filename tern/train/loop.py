@@ -174,6 +174,12 @@ def _build_run(mcfg, tc, out, data, rank, world, dev) -> _Run:
     """The data source, the model (seeded), the optimizer and the AMP scaler."""
     from tern.train.model.lm import build_model
 
+    if tc.compile and dev.type != "cuda":
+        raise ValueError(
+            f"compile=True needs a CUDA device (this run is on {dev.type}): the CPU training step "
+            "calls numba kernels (SSM scan, conv, quantizers, expert combine) that torch.compile "
+            "cannot trace, and it stops deep inside torch._dynamo; train on CPU with compile=False")
+
     if data is None:
         data = CorpusSource(tc.tokenizer)
     vs = getattr(data, "vocab_size", None)

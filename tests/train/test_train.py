@@ -117,6 +117,15 @@ def test_cpu_matmul_modes_train_alike_and_global_settings_are_restored(tmp_path)
             ternary._mode["matmul"]) == before
 
 
+def test_compile_on_cpu_is_a_clear_error_before_any_step(tmp_path):
+    """torch.compile cannot trace the CPU step's numba kernels (measured: an AssertionError
+    from inside torch._dynamo on the first step); the run refuses up front."""
+    with pytest.raises(ValueError, match="compile=True needs a CUDA device"):
+        run_training(TRAIN_TINY, tc(steps=2, compile=True, device="cpu"), tmp_path, progress=False,
+                     data=source())
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
 def test_train_auto_trains_in_process_without_several_gpus(tmp_path):
     r = train_auto(TRAIN_TINY, tc(steps=2, device="cpu"), tmp_path, progress=False, data=source())
     assert r["world_size"] == 1 and r["steps"] == 2 and r["device"] == "cpu"
