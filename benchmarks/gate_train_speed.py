@@ -20,6 +20,22 @@ causal attention, eval's fp32 integer products instead of ``torch._int_mm``): wi
 with ``--threads``) and reports each one's figures: the layout question "two single-thread
 runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
 threads 1 against tokens_per_s at concurrent 1 / threads 2.
+
+``--whole-run`` times what a gate run costs instead: each measurement is one whole
+``run_training`` of the arm (its gate's budget, or ``--run-steps``; seed 0; validation of
+the full split included in ``wall_s``), and its rate is the run's own ``tokens_per_s``
+(training tokens / training seconds). With ``--code-root DIR`` (repeatable, ``.`` is this
+checkout) every measurement runs once per checkout, in processes that import ``tern`` from
+that checkout: a same-host, same-run comparison with older code, e.g. the commit that wrote
+the v1 gate records (issue 18's "today", 31266cd, whose package had the flat layout before
+tern.decide / tern.train.loop)::
+
+    git worktree add /tmp/v1 31266cd
+    flock /tmp/tern-cpu.lock python benchmarks/gate_train_speed.py --whole-run \
+        --gate gates/4_capacity_scaling.toml --arms e8 e64 --code-root /tmp/v1 . \
+        --threads 2 1 --concurrent 1 2 --out gates/v2/train_speed_before_after.jsonl
+
+(the gate file is read from each checkout at the same relative path).
 """
 
 from __future__ import annotations
@@ -151,6 +167,87 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
             "eval_batch": eval_batch, "profile_ms": prof, **run_metadata(threads)}
 
 
+def measure_whole_run(gate: str, arm: str, threads: int, run_steps: int | None) -> dict:
+    """One whole training run of ``arm`` (seed 0) with whichever ``tern`` is first on
+    sys.path (``--code-root``): run_training's own tokens_per_s, wall seconds, val_bpb."""
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(threads)
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:  # this checkout's layout
+        from tern.decide.harness import default_make_train
+        from tern.decide.spec import load_gate
+        from tern.train.loop import run_training
+    except ImportError:  # the flat layout of the v1 gates' code (31266cd)
+        from tern.gates import default_make_train
+        from tern.gates_spec import load_gate
+
+        from tern.train import run_training
+    import tern
+
+    spec = load_gate(gate)
+    mc, over = spec.model_config(arm), spec.train_overrides(arm, 0)
+    if run_steps:
+        over = {**over, "steps": run_steps}
+    tc = default_make_train()(over)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        r = run_training(mc, tc, out_dir=tmp, progress=False)
+        wall = time.perf_counter() - t0
+    return {"record": "train_speed", "mode": "whole_run", "gate": spec.name, "arm": arm,
+            "model_config": mc.to_dict(), "batch_size": tc.batch_size, "seq_len": tc.seq_len,
+            "threads": threads, "steps_timed": r["steps"], "tokens_per_s": r["tokens_per_s"],
+            "wall_s": wall, "eval_s": wall - r["train_tokens"] / r["tokens_per_s"],
+            "eval_bpb": r.get("val_bpb"), "dispatch": "auto", "paths": "as trained",
+            "tern_package": str(Path(tern.__file__).parent)}
+
+
+def _git_commit(root: str) -> str:
+    """``root``'s checked-out commit (+dirty when its tracked files differ)."""
+    def git(*a):
+        return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def whole_runs(a) -> list[dict]:
+    """--whole-run: every (arm, threads, concurrent, checkout) measurement, checkouts
+    interleaved per measurement, each copy in its own process (module docstring)."""
+    from tern.core.records import run_metadata
+
+    rows = []
+    for arm, t, conc in itertools.product(a.arms, a.threads, a.concurrent):
+        if t * conc > (os.cpu_count() or 1):
+            print(f"skipped: {conc} runs x {t} threads oversubscribe {os.cpu_count()} CPUs", flush=True)
+            continue
+        for root in a.code_root:
+            root = str(Path(root).resolve())
+            gate = str(Path(root) / a.gate)
+            if not Path(gate).is_file():
+                raise SystemExit(f"gate_train_speed: {a.gate} is not in checkout {root}")
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--whole-run", "--one", "--gate", gate,
+                   "--arms", arm, "--threads", str(t)] + (["--run-steps", str(a.run_steps)] if a.run_steps else [])
+            env = {**os.environ, "PYTHONPATH": root}
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root, env=env) for _ in range(conc)]
+            outs = [pr.communicate()[0] for pr in procs]
+            if any(pr.returncode for pr in procs):
+                raise SystemExit(f"gate_train_speed: a run with {root} failed (exit codes {[pr.returncode for pr in procs]})")
+            for out in outs:
+                r = json.loads(out.strip().splitlines()[-1])
+                if not Path(r["tern_package"]).is_relative_to(root):
+                    raise SystemExit(f"gate_train_speed: the run imported tern from {r['tern_package']}, not from {root}")
+                r = {**run_metadata(t), **r, "concurrent": conc, "code_root": root, "code_commit": _git_commit(root),
+                     "code": a.code, "code_note": a.code_note}
+                rows.append(r)
+                print(f"{r['gate']} {arm:>6} threads {t} concurrent {conc} code {r['code_commit'][:12]}: "
+                      f"{r['tokens_per_s']:,.0f} tok/s training, {r['wall_s']:.1f} s wall "
+                      f"({r['steps_timed']} steps), val_bpb {r['eval_bpb']:.4f}", flush=True)
+    return rows
+
+
 def measure_distill(spec, arm: str, mc, tc, threads: int, steps: int, warmup: int) -> dict:
     """A KD arm: its teacher trained for 2 steps (a checkpoint of the right shape), then
     run_distill for warmup + steps steps and the full validation; the rate is the run's own
@@ -188,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", required=True)
     p.add_argument("--dispatch", nargs="+", default=["auto"])
     p.add_argument("--threads", nargs="+", type=int, default=[2])
-    p.add_argument("--concurrent", type=int, default=1, help="copies side by side (processes)")
+    p.add_argument("--concurrent", type=int, nargs="+", default=[1],
+                   help="copies side by side (processes); several values: one measurement each")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--eval", action="store_true", help="also time validation on the full split")
@@ -201,10 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", default=None, help="a tag stored in every row (e.g. before / after)")
     p.add_argument("--code-note", default=None, help="what the tag means, stored in every row")
     p.add_argument("--out", default=None, help="append rows to this JSONL")
+    p.add_argument("--whole-run", action="store_true",
+                   help="time whole training runs (the gate's budget) instead of steps")
+    p.add_argument("--run-steps", type=int, default=None, help="--whole-run: steps per run (default: the gate's)")
+    p.add_argument("--code-root", nargs="+", default=["."],
+                   help="--whole-run: checkouts to run each measurement with (default: this one)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child measurement
     a = p.parse_args(argv)
+    if a.whole_run:
+        if a.one:
+            print(json.dumps(measure_whole_run(a.gate, a.arms[0], a.threads[0], a.run_steps)))
+            return 0
+        rows = whole_runs(a)
+        if a.out:
+            from tern.core.records import append_jsonl
+
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            append_jsonl(a.out, rows)
+        return 0
     rows = []
-    for arm, d, t, pa, bw in itertools.product(a.arms, a.dispatch, a.threads, a.paths, a.backward):
+    for arm, d, t, pa, bw, conc in itertools.product(a.arms, a.dispatch, a.threads, a.paths, a.backward,
+                                                     a.concurrent):
         if a.one:
             got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch, bw, a.profile, pa)]
         else:
@@ -215,10 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--eval"] if a.eval else []
             cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
             # every measurement in fresh processes ("reference" patches module state)
-            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(a.concurrent)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(conc)]
             got = [json.loads(pr.communicate()[0].strip().splitlines()[-1]) for pr in procs]
         for r in got:
-            r["concurrent"] = a.concurrent
+            r["concurrent"] = conc
             r["code"], r["code_note"] = a.code, a.code_note
             rows.append(r)
             if a.one:
@@ -226,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ev = f", validation {r['eval_s']:.1f} s" if r["eval_s"] else ""
             print(f"{r['gate']} {arm:>6} dispatch {d:<7} paths {pa:<9} backward {r['cpu_backward']} threads {t} concurrent "
-                  f"{a.concurrent}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
+                  f"{conc}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
                   f"(min {(r['step_s']['min'] or 0) * 1e3:.1f}, max {(r['step_s']['max'] or 0) * 1e3:.1f}) "
                   f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
             for c, v in ((r.get("profile_ms") or {}).get("self_ms_per_step") or {}).items():

@@ -1,0 +1,52 @@
+"""benchmarks/gate_train_speed.py --whole-run: whole training runs timed in processes that
+import tern from the checkout named by --code-root (issue 18's same-host before/after)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tern.core.records import read_jsonl
+from tern.decide.harness import smoke_gate_file
+
+REPO = Path(__file__).resolve().parents[2]
+_PATH = REPO / "benchmarks" / "gate_train_speed.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gate_train_speed", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for two side-by-side runs")
+def test_whole_run_rows_name_the_checkout_they_ran(tmp_path, capsys):
+    gate = smoke_gate_file(tmp_path)
+    out = tmp_path / "speed.jsonl"
+    all_cpus = str(os.cpu_count())
+    rc = _script().main(["--whole-run", "--gate", str(gate), "--arms", "B", "--threads", "1", all_cpus,
+                         "--concurrent", "2", "--run-steps", "2", "--code-root", str(REPO), "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "oversubscribe" in printed  # 2 runs x all CPUs each: skipped, and said so
+    rows = read_jsonl(out)
+    assert len(rows) == 2 and {r["concurrent"] for r in rows} == {2}  # the two side-by-side copies
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for r in rows:
+        assert r["record"] == "train_speed" and r["mode"] == "whole_run" and r["gate"] == "smoke"
+        assert r["arm"] == "B" and r["threads"] == 1 and r["steps_timed"] == 2
+        assert r["tokens_per_s"] > 0 and r["wall_s"] > r["eval_s"] >= 0 and r["eval_bpb"] > 0
+        assert Path(r["tern_package"]) == REPO / "tern" and r["code_commit"].startswith(head)
+        assert r["batch_size"] == 2 and r["seq_len"] == 32 and "git_commit" in r
+
+
+def test_whole_run_refuses_a_checkout_without_the_gate(tmp_path):
+    res = subprocess.run([sys.executable, str(_PATH), "--whole-run", "--gate", "gates/no_such_gate.toml",
+                          "--arms", "A", "--threads", "1", "--code-root", str(REPO)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode != 0 and "is not in checkout" in res.stderr
+    assert "tok/s" not in res.stdout
