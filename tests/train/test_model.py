@@ -242,6 +242,30 @@ def test_fused_cpu_quantizers_match_the_torch_forms():
     torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cols", [1, 7, 16, 48, 131])
+def test_input_quantizer_row_reduction_is_the_exact_absmax(cols):
+    """The fused quantizer takes max |x| from the bit patterns (an integer max): exactly
+    numpy's max |x| for negative and positive maxima, all-zero rows and any row width, and
+    the int8 codes are those of the torch form."""
+    from tern.train.model.quant_numba import _sumsq_absmax_bits, quant_input_codes_cpu
+
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((6, cols)) * 3).astype(np.float32)
+    x[1, cols // 2] = -40.0  # the largest magnitude is negative
+    x[2] = 0.0
+    x[3, -1] = 39.5
+    for r in range(x.shape[0]):
+        ss, bits = _sumsq_absmax_bits(x, r)
+        assert np.array([bits], np.int32).view(np.float32)[0] == np.abs(x[r]).max()
+        assert ss == pytest.approx(float((x[r].astype(np.float64) ** 2).sum()), rel=1e-5)
+    from tern.train.model.ternary import act_int8, rms_normalize
+
+    _, codes, scale = quant_input_codes_cpu(torch.from_numpy(x), 1e-5)
+    q, a = act_int8(rms_normalize(torch.from_numpy(x), 1e-5))
+    assert torch.equal(codes.float(), q)
+    torch.testing.assert_close(scale, a / 127, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_moe_dispatch_modes_are_identical(train):
     m = build_model(TINY, seed=1).train(train)

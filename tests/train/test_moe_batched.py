@@ -59,8 +59,10 @@ def test_training_grouped_equals_the_loop_values_and_gradients(fmt, matmul):
     """The loop's forward is the exact int8 product (matmul mode "int8") or the fp32 product
     of the dequantized operands ("fp32"); grouped always the latter: equal to the fp32 loop
     up to summation order, to the int8 loop up to fp32 rounding (a rounding difference at a
-    quantization boundary could flip one int8 code: the seeded input here has none)."""
-    torch.manual_seed(0)
+    quantization boundary could flip one int8 code: the seeded input here has none; the
+    input quantizer's reductions are vectorised, so which seeds have none depends on their
+    summation order: seed 7 has none with the scalar and the vectorised order)."""
+    torch.manual_seed(7)
     cfg = CFG.replace(expert_format=fmt)
     x = torch.randn(2, 19, cfg.d_model)
     with matmul_mode(matmul):

@@ -52,16 +52,31 @@ def _wquant(w, out, codes, scale):
 
 
 @njit(fastmath=True, cache=True)
-def _int8_row(x, eps, out, den, codes, scale, k, r):
-    # row r of x: den = sqrt(mean(x**2) + eps); codes = int8 of x / den; scale = a / 127;
-    # out = codes * scale (dequantized). Multiplies by reciprocals (training only: the eval
-    # path in ternary.py is literal).
-    cols = x.shape[1]
+def _sumsq_absmax_bits(x, r):
+    # row r of a C-contiguous float32 x: (sum of squares, the bit pattern of max |x| as an
+    # int32). Non-negative floats order like their bit patterns, and an integer max
+    # reduction vectorises where numba's float max(mx, abs(v)) stays scalar (3x the time
+    # of the whole quantizer on AVX-512).
+    bits = x.view(np.int32)
     ss = np.float32(0.0)
-    mx = np.float32(0.0)
-    for c in range(cols):
-        ss += x[r, c] * x[r, c]
-        mx = max(mx, abs(x[r, c]))
+    mb = np.int32(0)
+    for c in range(x.shape[1]):
+        v = x[r, c]
+        ss += v * v
+        b = bits[r, c] & np.int32(0x7FFFFFFF)
+        mb = b if b > mb else mb
+    return ss, mb
+
+
+@njit(fastmath=True, cache=True)
+def _int8_row(x, eps, out, den, codes, scale, k, r):
+    # row r of x (C-contiguous): den = sqrt(mean(x**2) + eps); codes = int8 of x / den;
+    # scale = a / 127; out = codes * scale (dequantized). Multiplies by reciprocals
+    # (training only: the eval path in ternary.py is literal). k: (R,) float32 scratch.
+    cols = x.shape[1]
+    ss, mb = _sumsq_absmax_bits(x, r)
+    k.view(np.int32)[r] = mb  # max |x| back to float32 through k's bits
+    mx = k[r]
     d = np.sqrt(ss / np.float32(cols) + eps)
     den[r] = d
     a = max(mx / d, np.float32(1e-5))  # max |u|
