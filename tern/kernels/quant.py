@@ -34,13 +34,18 @@ def _sum_squares(x):
     return ss
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"nnan", "ninf", "nsz"})
+@numba.njit(cache=True, error_model="numpy")
 def _abs_max(x):
-    """max |x| (a max is exact in any order, so it may vectorise)."""
-    m = np.float32(0.0)
+    """max |x| of a contiguous float32 x, exact. Non-negative floats order like their bit
+    patterns, so it is an integer max over the bits with the sign cleared: that vectorises,
+    where numba's float ``max(m, abs(v))`` stays scalar (2.2 of quantize_act's 3.5 us at
+    n = 2048 on AVX-512)."""
+    bits = x.view(np.int32)
+    m = np.int32(0)
     for i in range(x.shape[0]):
-        m = max(m, abs(x[i]))
-    return m
+        b = bits[i] & np.int32(0x7FFFFFFF)
+        m = b if b > m else m
+    return np.array([m], np.int32).view(np.float32)[0]
 
 
 @numba.njit(cache=True, error_model="numpy")  # no ZeroDivision checks: loops vectorise
