@@ -279,15 +279,21 @@ def router_logits(buf, aux, kind, addr, E, D, xn, out):
             out[e] = s
         return
     Wh = u8(buf, aux, addr, 2 * E * D).view(np.uint16).reshape(E, D)
-    for e in range(E):
-        s = ZERO
-        if kind == DENSE_BF16:
+    a = rows_ahead(Wh)  # rows prefetched ahead, and the kind chosen outside the row loop, as matvec_w16
+    if kind == DENSE_BF16:
+        for e in range(E):
+            prefetch_row(Wh, e + a, E)
+            s = ZERO
             for d in range(D):
                 s += bf16_to_f32(Wh[e, d]) * xn[d]
-        else:
+            out[e] = s
+    else:
+        for e in range(E):
+            prefetch_row(Wh, e + a, E)
+            s = ZERO
             for d in range(D):
                 s += f16_to_f32(Wh[e, d]) * xn[d]
-        out[e] = s
+            out[e] = s
 
 
 # numba cache hygiene: the cached code above embeds tern.kernels.kernels_dense's kernels
