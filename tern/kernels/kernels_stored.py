@@ -267,9 +267,29 @@ def dense_row(buf, aux, kind, addr, s_addr, row, cols, out):
 
 
 @numba.njit(**JIT)
-def router_logits(buf, aux, kind, addr, E, D, xn, out):
-    """out (E,) = router (E, D) @ xn (D,): fp32, or fp16 / bf16 widened in the same loop
-    (the routing math of docs/MODEL.md is fp32 on the exact widened weights)."""
+def router_logits(buf, aux, kind, addr, s_addr, E, D, xn, out):
+    """out (E,) = router (E, D) @ xn (D,): fp32, fp16 / bf16 widened in the same loop, or
+    int8 rows (row scales at ``s_addr``) dequantized a row at a time into an L1 scratch row,
+    ``float32(q) * scale`` as the file reader dequantizes them, then the fp32 loop: the
+    routing math of docs/MODEL.md is fp32 on the exact dequantized weights, so the logits
+    equal the fp32 table's bit for bit while the rows are read at 1 byte a weight, not 4
+    (engines before EnginePolicy.router_int8 dequantized int8 routers to an fp32 table at
+    load)."""
+    if kind == DENSE_INT8:
+        Wq = u8(buf, aux, addr, E * D).view(np.int8).reshape(E, D)
+        sc = f32(buf, aux, s_addr, E)
+        w = np.empty(D, np.float32)
+        a = rows_ahead(Wq)
+        for e in range(E):
+            prefetch_row(Wq, e + a, E)
+            se = sc[e]
+            for d in range(D):
+                w[d] = np.float32(Wq[e, d]) * se
+            s = ZERO
+            for d in range(D):
+                s += w[d] * xn[d]
+            out[e] = s
+        return
     if kind == DENSE_FP32:
         Wr = f32(buf, aux, addr, E * D).reshape(E, D)
         for e in range(E):

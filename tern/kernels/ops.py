@@ -55,7 +55,8 @@ F_OUT, F_OUT_S = 12, 13  # out_proj (both mixers)
 F_ROUTER = 14
 F_SG, F_SG_S, F_SU, F_SU_S, F_SD, F_SD_S = 15, 16, 17, 18, 19, 20  # shared experts / dense MLP
 F_EG, F_EG_S, F_EU, F_EU_S, F_ED, F_ED_S = 21, 22, 23, 24, 25, 26  # routed experts
-N_FIELDS = 27
+F_ROUTER_S = 27  # row scales of an int8 router (-1: none)
+N_FIELDS = 28
 # LI: per-layer integers
 L_KIND, L_STATE, L_NSH, L_HSH, L_MOE, L_E, L_HE, L_TOPK = 0, 1, 2, 3, 4, 5, 6, 7
 N_LINTS = 8
@@ -554,7 +555,7 @@ def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
     largest probabilities (ties: lower index), renormalised weights. Writes chosen (top_k,)
     in ascending expert order and their weights."""
     D, E, k = G[G_D], LI[l, L_E], LI[l, L_TOPK]
-    router_logits(buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], E, D, xn, pr)
+    router_logits(buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], T[l, F_ROUTER_S], E, D, xn, pr)
     softmax(pr[:E])
     top_k_experts(pr, E, k, chosen)
     psum = np.float32(0.0)

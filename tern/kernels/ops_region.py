@@ -107,10 +107,11 @@ def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
     predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
     region's parameters (``Engine.region_params``, None: no region) the one-region step."""
     if region_params is None:
-        return EnginePolicy(par_min_weights=int(par_min_weights))
+        return EnginePolicy(par_min_weights=int(par_min_weights), router_int8=True)
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
-                        region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS)
+                        region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
+                        router_int8=True)
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)

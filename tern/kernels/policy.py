@@ -62,13 +62,16 @@ class EnginePolicy:
     ``region_min_weights`` weights into ``region_items`` row ranges per thread, shares a MoE
     layer's chosen experts (top_k >= 2) out one per item at any size and, with
     ``region_skip_split`` (its SIMD skip kernel), the activation-skip down projections over
-    256-output segments."""
+    256-output segments. ``router_int8``: an int8 router is read from the file at 1 byte a
+    weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
+    routers to an fp32 table at load and read 4 (so their rows are priced that way)."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
     region: bool = False
     region_min_weights: int = REGION_MIN_WEIGHTS
     region_items: int = REGION_ITEMS_PER_THREAD
     region_skip_split: bool = False
+    router_int8: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -82,10 +85,15 @@ class EnginePolicy:
             raise ValueError(f"EnginePolicy.region_items must be >= 1, got {self.region_items!r}")
 
     def to_dict(self) -> dict[str, int | bool]:
-        """Every field; the per-matrix step's record is just ``par_min_weights`` (as written
-        before the region fields existed, so older readers still load it)."""
-        d = asdict(self)
-        return d if self.region else {"par_min_weights": self.par_min_weights}
+        """Every field; the per-matrix step's record is ``par_min_weights`` (as written
+        before the region fields existed, so older readers still load it) and
+        ``router_int8`` when set."""
+        if self.region:
+            return asdict(self)
+        d: dict[str, int | bool] = {"par_min_weights": self.par_min_weights}
+        if self.router_int8:
+            d["router_int8"] = True
+        return d
 
     @classmethod
     def of_record(cls, record: dict[str, Any] | None) -> EnginePolicy:
@@ -102,8 +110,8 @@ class EnginePolicy:
 
 # today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
-CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True)
-PER_MATRIX_POLICY = EnginePolicy()  # Engine(region=False): a parallel region per large matrix
+CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True)
+PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 
 

@@ -224,7 +224,10 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
             _add(res, "vector", 1, 0, D)
             if cfg.n_shared:
                 skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb, policy=policy)
-            _matvec(res, "fp32", cfg.n_experts, D, serial=True)  # router logits (fp32 math, one thread)
+            # router logits (fp32 math, one thread): an int8 router read as int8 by engines
+            # that do (EnginePolicy.router_int8), else as the fp32 table older engines built
+            router_fmt = "int8" if policy.router_int8 and cfg.router_format == "int8" else "fp32"
+            _matvec(res, router_fmt, cfg.n_experts, D, serial=True)
             _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
             skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
                                   experts_parallel(cfg, policy), policy)

@@ -246,10 +246,10 @@ class Engine:
                 LI[i, ops.L_HE], LI[i, ops.L_TOPK] = cfg.expert_hidden, cfg.top_k
                 n_moe += 1
                 rname = f"{p}.ffn.router.weight"
-                if m.packing[rname]["format"] == "int8":  # routing math is fp32 on the dequantized router
-                    T[i, ops.F_ROUTER], router_kind = aux.add(m.weight(rname)), DENSE_KINDS["fp32"]
-                else:  # (docs/MODEL.md): fp32, or fp16 / bf16 widened exactly (_dense)
-                    T[i, ops.F_ROUTER], _, router_kind = self._dense(aux, rname)
+                # routing math is fp32 on the exact dequantized / widened router (docs/MODEL.md):
+                # int8 rows straight from the file, dequantized a row at a time in the kernel
+                # (kernels_stored.router_logits), fp32, or fp16 / bf16 widened exactly (_dense)
+                T[i, ops.F_ROUTER], T[i, ops.F_ROUTER_S], router_kind = self._dense(aux, rname)
                 if cfg.n_shared:
                     LI[i, ops.L_NSH], LI[i, ops.L_HSH] = cfg.n_shared, cfg.shared_hidden
                     hmax = max(hmax, cfg.shared_hidden)

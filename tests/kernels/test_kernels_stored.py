@@ -63,7 +63,7 @@ def test_widened_matvec_is_the_fp32_kernel_bit_for_bit(kind, rows, cols):
     want_r = np.zeros(rows, np.float32)
     _route_loop(w32, x, want_r)
     got_r = np.full(rows, np.nan, np.float32)
-    router_logits(raw, aux, kind, 0, rows, cols, x, got_r)
+    router_logits(raw, aux, kind, 0, -1, rows, cols, x, got_r)
     assert np.array_equal(got_r, want_r)
 
 
@@ -79,6 +79,23 @@ def test_int8_rows_and_matvec_apply_the_row_scale():
     row = np.zeros(40, np.float32)
     dense_row(buf, buf, DENSE_INT8, 0, 2 * q.size, 3, 40, row)
     assert np.array_equal(row, q[3].astype(np.float32) * s[3])
+
+
+@pytest.mark.parametrize("rows,cols", SHAPES + [(512, 1024)])
+def test_int8_router_is_the_dequantized_fp32_router_bit_for_bit(rows, cols):
+    """The engine reads an int8 router's rows from the file (1 byte a weight); its logits
+    equal the fp32 loop's on the reader's dequantized table (q * scale in fp32), which the
+    engine dequantized at load before."""
+    rng = np.random.default_rng(rows + 3 * cols)
+    q = rng.integers(-127, 128, size=(rows, cols)).astype(np.int8)
+    s = rng.uniform(1e-3, 0.05, rows).astype(np.float32)
+    buf = np.concatenate([q.reshape(-1).view(np.uint8), s.view(np.uint8)])
+    x = rng.standard_normal(cols).astype(np.float32)
+    want = np.zeros(rows, np.float32)
+    _route_loop(q.astype(np.float32) * s[:, None], x, want)  # tern.packed.reader's dequantization
+    got = np.full(rows, np.nan, np.float32)
+    router_logits(buf, np.zeros(64, np.uint8), DENSE_INT8, 0, 2 * q.size, rows, cols, x, got)
+    assert np.array_equal(got, want)
 
 
 @numba.njit

@@ -38,14 +38,18 @@ def _host(phase_cost=True, threads=(1, 2)):
 
 def test_policy_region_fields_validate_and_old_records_read_as_per_matrix():
     assert CURRENT_POLICY.region and not LEGACY_POLICY.region and not PER_MATRIX_POLICY.region
-    assert PER_MATRIX_POLICY.to_dict() == {"par_min_weights": 1 << 20}  # as written before the region fields
+    # as written before the region fields, plus router_int8 (today's engine reads int8 routers as int8)
+    assert PER_MATRIX_POLICY.to_dict() == {"par_min_weights": 1 << 20, "router_int8": True}
+    assert EnginePolicy(router_int8=False).to_dict() == {"par_min_weights": 1 << 20}
+    assert EnginePolicy.of_record({"engine_policy": PER_MATRIX_POLICY.to_dict()}) == PER_MATRIX_POLICY
     d = REGION.to_dict()
     assert d["region"] is True and d["region_min_weights"] == REGION_MIN_WEIGHTS
     assert EnginePolicy.of_record({"engine_policy": d}) == REGION
     # a sweep row written before the region fields existed: the per-matrix step
     assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20}}).region is False
+    assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20}}).router_int8 is False
     for bad in (dict(region=1), dict(region="yes"), dict(region_skip_split=0), dict(region_items=0),
-                dict(region_min_weights=-1), dict(region_min_weights=True)):
+                dict(region_min_weights=-1), dict(region_min_weights=True), dict(router_int8=1)):
         with pytest.raises(ValueError, match="EnginePolicy"):
             EnginePolicy(**bad)
 
@@ -145,3 +149,19 @@ def test_breakdown_and_calibration_price_the_engine_the_profile_recorded():
     target = predict(cfg, dataclasses.replace(host, calibration={"per_token_overhead_s_t2": 3e-6,
                                                                  "bandwidth_efficiency_t2": 0.5}), 2).s_per_token
     assert solve_efficiency(cfg, host, 2, 3e-6, target) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_int8_router_is_priced_as_the_recording_engine_read_it():
+    """Rows of engines with router_int8 price an int8 router as int8 rows; rows of older
+    engines (and fp32 / fp16 routers) as the fp32 table those engines read."""
+    cfg = load_config("sandbox").replace(router_format="int8")
+
+    def router_ops(policy, c=cfg):
+        res, _, _, _ = work_inventory(c, policy=policy)
+        return {k.op for k in res if k.split == "serial" and k.op.endswith("_matvec")}
+
+    assert "int8_matvec" in router_ops(CURRENT_POLICY)
+    old = EnginePolicy(region=True, region_skip_split=True)  # a record without router_int8
+    assert "int8_matvec" not in router_ops(old) and "fp32_matvec" in router_ops(old)
+    fp32_router = cfg.replace(router_format="fp32")
+    assert "int8_matvec" not in router_ops(CURRENT_POLICY, fp32_router)
