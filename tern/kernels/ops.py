@@ -45,6 +45,7 @@ from tern.kernels.kernels_ternary import (
     ternary_matvec_stream_par,
 )
 from tern.kernels.quant import quantize_act
+from tern.kernels.routing import softmax, top_k_experts
 
 # ---- table columns ----------------------------------------------------------------------
 # T: per-layer tensor addresses
@@ -221,21 +222,6 @@ def softplus(v):
     p = p * s2 + ONE
     r = max(v, ZERO) + np.float32(2.0) * s * p
     return v if v > np.float32(20.0) else r
-
-
-@numba.njit(**JIT)
-def softmax(v):
-    """In place: v = exp(v - max(v)) / sum(exp(v - max(v))) (float32)."""
-    m = np.float32(-np.inf)
-    for i in range(v.shape[0]):
-        m = max(m, v[i])
-    tot = np.float32(0.0)
-    for i in range(v.shape[0]):
-        e = fexp_nonpos(v[i] - m)
-        v[i] = e
-        tot += e
-    for i in range(v.shape[0]):
-        v[i] = v[i] / tot
 
 
 @numba.njit(**JIT)
@@ -525,30 +511,6 @@ def mixer_step(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork
         x[i] += acc[i]
 
 
-@numba.njit(cache=True, inline="always")
-def top_k_experts(pr, E, k, chosen):
-    """chosen[:k] = the k largest of pr[:E], by probability descending, ties in ascending
-    expert order (the lower index wins a tie), in one pass over the experts."""
-    # chosen[:cnt] holds the best so far in that order. A later expert has the higher index,
-    # so it enters only if strictly larger than the k-th: the set and the order are those of
-    # k rounds of selection with strict >, which this replaces (512
-    # experts, top-8, Intel Xeon VM: 7.8 -> 0.9 us a layer). All-NaN probabilities take the
-    # first k experts, as selection did.
-    cnt = 0
-    for e in range(E):
-        v = pr[e]
-        if cnt == k:
-            if not v > pr[chosen[k - 1]]:
-                continue
-            cnt -= 1  # the k-th drops out
-        pos = cnt
-        while pos > 0 and pr[chosen[pos - 1]] < v:
-            chosen[pos] = chosen[pos - 1]
-            pos -= 1
-        chosen[pos] = e
-        cnt += 1
-
-
 @numba.njit(**JIT)
 def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
     """MoE routing of layer l (fp32, docs/MODEL.md): softmax over router logits, the top_k
@@ -685,5 +647,6 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 # ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
-_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py")
+_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
+         "routing.py")
 drop_stale_cache(__file__, _DEPS, token_step)

@@ -444,5 +444,5 @@ def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, 
 
 
 _DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-         "fastmath.py", "kernels_stored.py", "prefetch.py")
+         "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py")
 drop_stale_cache(__file__, _DEPS, token_step_region)

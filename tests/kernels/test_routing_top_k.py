@@ -1,4 +1,4 @@
-"""The engine's top-k expert selection (tern.kernels.ops.top_k_experts, one pass): the k
+"""The engine's top-k expert selection (tern.kernels.routing.top_k_experts, one pass): the k
 largest probabilities, ties to the lower expert index, in descending order — the set and
 order that k rounds of selection with strict ``>`` gave (the engine's earlier form, and
 tern.train.model.moe.route's tie rule)."""
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tern.kernels.ops import top_k_experts
+from tern.kernels.routing import top_k_experts
 
 
 def _reference(pr: np.ndarray, k: int) -> list[int]:
