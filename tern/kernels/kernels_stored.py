@@ -298,8 +298,11 @@ def router_logits(buf, aux, kind, addr, s_addr, E, D, xn, out):
                 s += Wr[e, d] * xn[d]
             out[e] = s
         return
+    # fp16 / bf16 rows prefetched ahead and the kind chosen outside the row loop, as
+    # matvec_w16 does; not matvec_w16 itself: its flags (fastmath=True) sum in another order
+    # than the fp32 router loop, and routing is defined by that loop (bit-identity test)
     Wh = u8(buf, aux, addr, 2 * E * D).view(np.uint16).reshape(E, D)
-    a = rows_ahead(Wh)  # rows prefetched ahead, and the kind chosen outside the row loop, as matvec_w16
+    a = rows_ahead(Wh)
     if kind == DENSE_BF16:
         for e in range(E):
             prefetch_row(Wh, e + a, E)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from tern.kernels.cache_guard import drop_stale_cache
 from tern.train.model.quant_numba import _int8_row, _rms_bwd_row
 
 ACTS = {"drelu": 0, "relu2": 1, "silu": 2}
@@ -110,3 +111,7 @@ def gated_act_quant(gu: torch.Tensor, act: str, eps: float) -> tuple[torch.Tenso
     if gu.shape[-1] % 2:
         raise ValueError(f"gu must hold gate and up halves (even last axis), got {tuple(gu.shape)}")
     return _GatedActQuant.apply(gu, ACTS[act], eps)
+
+
+# numba cache hygiene: the cached kernels above embed quant_numba's row quantizer (and what it embeds)
+drop_stale_cache(__file__, ("quant_numba.py", "../../kernels/quant.py", "../../kernels/kernels_stored.py"), _fwd)

@@ -18,6 +18,10 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.kernels_stored import _u32_as_f32
+from tern.kernels.quant import abs_bits
+
 # fast-math without reassociation: keeps the round-to-nearest-even trick below intact
 _NOREASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 _MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: (v + M) - M rounds |v| < 2**22 half to even
@@ -53,30 +57,26 @@ def _wquant(w, out, codes, scale):
 
 @njit(fastmath=True, cache=True)
 def _sumsq_absmax_bits(x, r):
-    # row r of a C-contiguous float32 x: (sum of squares, the bit pattern of max |x| as an
-    # int32). Non-negative floats order like their bit patterns, and an integer max
-    # reduction vectorises where numba's float max(mx, abs(v)) stays scalar (3x the time
-    # of the whole quantizer on AVX-512).
-    bits = x.view(np.int32)
+    # row r of a float32 x: (sum of squares, the bits of max |x| as an unsigned integer:
+    # tern.kernels.quant.abs_bits, an integer max that vectorises; one pass for both)
     ss = np.float32(0.0)
-    mb = np.int32(0)
+    mb = np.int64(0)
     for c in range(x.shape[1]):
         v = x[r, c]
         ss += v * v
-        b = bits[r, c] & np.int32(0x7FFFFFFF)
+        b = np.int64(abs_bits(v))  # 64-bit lanes: the vector shape (and so the order of ss) it was committed with
         mb = b if b > mb else mb
     return ss, mb
 
 
 @njit(fastmath=True, cache=True)
 def _int8_row(x, eps, out, den, codes, scale, k, r):
-    # row r of x (C-contiguous): den = sqrt(mean(x**2) + eps); codes = int8 of x / den;
+    # row r of x: den = sqrt(mean(x**2) + eps); codes = int8 of x / den;
     # scale = a / 127; out = codes * scale (dequantized). Multiplies by reciprocals
     # (training only: the eval path in ternary.py is literal). k: (R,) float32 scratch.
     cols = x.shape[1]
     ss, mb = _sumsq_absmax_bits(x, r)
-    k.view(np.int32)[r] = mb  # max |x| back to float32 through k's bits
-    mx = k[r]
+    mx = _u32_as_f32(np.uint32(mb))  # max |x|
     d = np.sqrt(ss / np.float32(cols) + eps)
     den[r] = d
     a = max(mx / d, np.float32(1e-5))  # max |u|
@@ -226,3 +226,7 @@ def ste_weight_cpu(w: torch.Tensor) -> torch.Tensor:
 
 def quant_input_cpu(x: torch.Tensor, eps: float) -> torch.Tensor:
     return quant_input_codes_cpu(x, eps)[0]
+
+
+# numba cache hygiene: the cached kernels above embed tern.kernels' absmax bits and bit casts
+drop_stale_cache(__file__, ("../../kernels/quant.py", "../../kernels/kernels_stored.py"), _aquant)
