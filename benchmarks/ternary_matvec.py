@@ -32,7 +32,14 @@ second, 1e9 bytes). Sections:
   run by run in one process so a drifting host moves them alike (``prefetch_bytes``);
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
-  DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on).
+  DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on) —
+  and the engine's default kernel on a 128 KiB matrix of each row length (section
+  ``rowlen_cache``: L2-resident, an expert matrix's size), its compute rate without DRAM:
+  how much faster than DRAM the kernel computes decides how far compute can hide behind
+  the loads. Intel Xeon VM, 1 thread (session 16, ``--row-length --threads 1 --row-bytes
+  128,256,512,1024,2048``): 20.5 / 24.5 / 25.6 / 27.2 / 26.6 GB/s cache-resident at 128 B ..
+  2 KB rows (the Python call included), 9.8-16.6 GB/s from DRAM, read plateau 18.3 GB/s:
+  the kernel computes only ~1.5x faster than DRAM delivers there.
 
 Timing: tern.probe.timing.timed_runs (warm-up, >= min_time_s per run, >= 5 repeats).
 """
@@ -334,6 +341,15 @@ def prefetch_distances(text: str) -> list[int]:
     return ds
 
 
+ROWLEN_CACHE_BYTES = 128 * 1024  # the rowlen_cache matrix: an expert's gate (512 x 1024 ternary2)
+
+
+def cache_rows(row_bytes: int) -> int:
+    """Rows of the rowlen_cache matrix: ROWLEN_CACHE_BYTES of ``row_bytes`` rows, a multiple
+    of 16 (at least 16)."""
+    return max(16, ROWLEN_CACHE_BYTES // row_bytes // 16 * 16)
+
+
 def dram_shape(min_bytes: int) -> tuple[int, int]:
     """A square-ish (rows, cols) whose ternary2 payload is at least ``min_bytes``."""
     side = 256 * math.ceil(math.sqrt(4 * min_bytes) / 256)
@@ -359,6 +375,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             r = math.ceil(args.dram_bytes / rb / 16) * 16
             jobs += [("rowlen", k, r, 4 * rb, t) for t in threads for k in ("ternary_simd", "ternary_stream")
                      if k in variants]
+            jobs += [("rowlen_cache", f"ternary_{kt.DEFAULT_VARIANT}", cache_rows(rb), 4 * rb, t) for t in threads]
     meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "bench": "ternary_matvec",
             "default_variant": kt.DEFAULT_VARIANT, "simd_isa": ROW_DOT_ISA, "lut_vbmi": HAS_VBMI}
     if args.b3:  # this section alone

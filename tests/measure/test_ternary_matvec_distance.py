@@ -1,6 +1,7 @@
 """benchmarks/ternary_matvec.py --prefetch-distance: the row passes compiled per prefetch
 distance compute the engine kernel's sums, every (pass, distance, threads, matrix) gets one
-JSONL row, and a bad distance is a clear argparse error."""
+JSONL row, and a bad distance is a clear argparse error; --row-length adds the default
+kernel's cache-resident rows (section rowlen_cache)."""
 
 import importlib.util
 import json
@@ -59,3 +60,15 @@ def test_bad_distance_is_a_clear_error(tm, bad, capsys):
     with pytest.raises(SystemExit):
         tm.main(["--prefetch-distance", bad, "--out", ""])
     assert "--prefetch-distance" in capsys.readouterr().err
+
+
+def test_rowlen_section_has_a_cache_resident_row_per_row_length(tm, tmp_path):
+    assert [tm.cache_rows(b) for b in (128, 256, 1024, 8192, 65536)] == [1024, 512, 128, 16, 16]
+    out = tmp_path / "r.jsonl"
+    tm.main(["--row-length", "--threads", "1", "--row-bytes", "256,1024", "--dram-bytes", "1",
+             "--repeats", "2", "--min-time-s", "0.002", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cache = [r for r in rows if r["section"] == "rowlen_cache"]
+    assert {(r["rows"], r["cols"]) for r in cache} == {(512, 1024), (128, 4096)}
+    assert all(r["kernel"] == f"ternary_{kt.DEFAULT_VARIANT}" and r["gbps"]["median"] > 0 for r in cache)
+    assert {r["section"] for r in rows} == {"rowlen", "rowlen_cache"}
