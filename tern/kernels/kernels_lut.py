@@ -20,11 +20,76 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.packing import unpack_ternary2
-from tern.kernels.simd import HAS_VBMI, LUT_ROWS, lut_tile
+from tern.kernels.simd import _I8, _I32, _I64, _V32I16, _V64I8, HAS_VBMI, _fn, _load_vec  # the IR helpers
+
+# ---- the VBMI lookup tile, emitted as LLVM IR (vpermi2b over a 128-entry byte table) ---------
+
+LUT_ROWS = 64  # rows per block: one byte lane per row
+
+
+def _emit_lut_tile(context, builder, sig, args):
+    cd_ty, tb_ty, _, _, _, acc_ty = sig.args
+    codes_arg, tables_arg, blk, g0, g1, acc_arg = args
+    cd = context.make_array(cd_ty)(context, builder, codes_arg)
+    tb = context.make_array(tb_ty)(context, builder, tables_arg)
+    aa = context.make_array(acc_ty)(context, builder, acc_arg)
+    cstr = cgutils.unpack_tuple(builder, cd.strides)  # (blocks, groups, 64) bytes
+    tstr = cgutils.unpack_tuple(builder, tb.strides)  # (groups, 2, 128) bytes
+    cbase = builder.gep(builder.bitcast(cd.data, ir.PointerType(_I8)), [builder.mul(blk, cstr[0])])
+    tbase = builder.bitcast(tb.data, ir.PointerType(_I8))
+    acc_ptr = builder.bitcast(aa.data, ir.PointerType(_I32))
+    perm = _fn(builder.module, "llvm.x86.avx512.vpermi2var.qi.512", _V64I8, [_V64I8, _V64I8, _V64I8])
+    v32i16 = _V32I16
+    acc16 = [cgutils.alloca_once_value(builder, ir.Constant(v32i16, None)) for _ in range(2)]
+    with cgutils.for_range(builder, g1, start=g0) as loop:
+        g = loop.index
+        idx = _load_vec(builder, cbase, builder.mul(g, cstr[1]), _V64I8)
+        toff = builder.mul(g, tstr[0])
+        lo_a = _load_vec(builder, tbase, toff, _V64I8)
+        lo_b = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 64)), _V64I8)
+        hi_a = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 128)), _V64I8)
+        hi_b = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 192)), _V64I8)
+        lo = builder.call(perm, [lo_a, idx, lo_b])  # byte j: low byte of T[g, idx[j]]
+        hi = builder.call(perm, [hi_a, idx, hi_b])
+        for h in range(2):  # int16 lanes for rows 32h .. 32h+31
+            mask = []
+            for j in range(32 * h, 32 * h + 32):
+                mask += [j, 64 + j]
+            w = builder.bitcast(builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), mask)), v32i16)
+            builder.store(builder.add(builder.load(acc16[h]), w), acc16[h])
+    for h in range(2):
+        wide = builder.sext(builder.load(acc16[h]), ir.VectorType(_I32, 32))
+        ptr = builder.bitcast(builder.gep(acc_ptr, [ir.Constant(_I64, 32 * h)]), ir.PointerType(ir.VectorType(_I32, 32)))
+        builder.store(builder.add(builder.load(ptr, align=4), wide), ptr, align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def lut_tile(typingctx, codes, tables, blk, g0, g1, acc):
+    """acc[j] += sum_{g0 <= g < g1} T[g, codes[blk, g, j]] for the 64 rows j of block blk,
+    T[g, i] the int16 whose bytes are tables[g, 0, i] (low) and tables[g, 1, i] (high).
+    Sums stay in int16 inside a call: g1 - g0 <= 64 with |T| <= 508. Needs AVX-512 VBMI."""
+    ok = (isinstance(codes, types.Array) and codes.ndim == 3 and codes.dtype == types.uint8
+          and codes.layout == "C"
+          and isinstance(tables, types.Array) and tables.ndim == 3 and tables.dtype == types.uint8
+          and tables.layout == "C"
+          and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.int32)
+    if not ok:
+        return None
+    sig = types.none(codes, tables, types.int64, types.int64, types.int64, acc)
+
+    def codegen(context, builder, signature, args):
+        return _emit_lut_tile(context, builder, signature, list(args))
+
+    return sig, codegen
+
 
 LUT_ENTRIES = 81
 GROUP_TILE = 64  # groups per table tile: 64 * 256 bytes = 16 KiB; 64 * 508 fits int16

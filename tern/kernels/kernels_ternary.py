@@ -41,17 +41,18 @@ numba.get_num_threads()
 
 SEG_COLS = 256
 SEG_BYTES = 64
-MAX_COLS = (2**31 - 1) // 254  # sums of code (<= 2) * |xq| (<= 127) stay inside int32
+# Inputs per row whose int32 sums stay exact: the SIMD row dots keep group k's codes scaled by 4**k, so an
+# int32 lane of group 3 adds up to 8 products of 128 * 127 per 256-column segment (AVX2): 4,227,328 columns.
+MAX_COLS = SEG_COLS * ((2**31 - 1) // (8 * 128 * 127))
 ROW_BLOCK = 16  # rows per parallel work item
 SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
 SKIP_PREFETCH_GROUPS = 2  # software prefetch distance of the skip kernel, in groups (8 rows; 1, 2, 4, 8, 16 measured alike within noise, 2 marginally best)
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
 # Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). AMD EPYC Zen 5, same run
-# (benchmarks/ternary_matvec.py --prefetch), GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM
-# 18.5 -> 30.5 / 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 /
-# 31.0 -> 36.3 (in cache 60 -> 58 / 119 -> 108: the engine streams DRAM pools only). TERN_ROW_PREFETCH=0 / 1
-# overrides it at import: numba compiles it into every cached kernel running these passes (tern.kernels.ops'
-# token step too, whose cache does not watch it), so give each setting its own NUMBA_CACHE_DIR.
+# (benchmarks/ternary_matvec.py --prefetch), GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 /
+# 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3 (in cache
+# 60 -> 58 / 119 -> 108: the engine streams DRAM pools only). TERN_ROW_PREFETCH=0 / 1 overrides it at import;
+# it is compiled into every cached kernel running these passes, so give each setting its own NUMBA_CACHE_DIR.
 ROW_PREFETCH_DEFAULT = True
 ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
 
@@ -66,7 +67,6 @@ def act_sum(xq):
 
 
 # ---- variant "unpack": plain numba shifts/masks + int16 segment sums ------------------------
-
 
 @numba.njit(cache=True, inline="always")
 def _seg_dot_signed(packed, r, b0, g, xq, q0):
@@ -123,7 +123,6 @@ def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
 
 
 # ---- variant "simd": the same unpack with vpdpbusd / vpmaddubsw (tern.kernels.simd) ---------
-
 
 @numba.njit(cache=True, inline="always")
 def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1, prefetch):
@@ -191,7 +190,6 @@ def ternary_matvec_rows_par(packed, row_scale, xq, x_scale, out, one_row, prefet
 
 
 # ---- variant "simd", one row per pass (the streaming form; see _rows_stream) ----------------
-
 
 @numba.njit(cache=True)
 def ternary_matvec_simd_stream(packed, row_scale, xq, x_scale, out):
@@ -375,7 +373,6 @@ def ternary_matvec_skip_par(packed_t, row_scale, xq, x_scale, out):
 
 
 # ---- validation and reference ---------------------------------------------------------------
-
 
 def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = False) -> None:
     """ValueError naming the problem unless the arguments fit a ternary2 matvec.

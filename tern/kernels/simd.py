@@ -4,7 +4,8 @@ numba's own integer promotion (everything narrower than 64 bits is computed in i
 keeps LLVM from finding the byte dot-product instructions, so the hottest loop — one
 packed row against the int8 activations — is emitted here as LLVM IR directly:
 
-* ``avx512vnni``: 64 packed bytes -> four code vectors (shift + mask) -> ``vpdpbusd``
+* ``avx512vnni``: 64 packed bytes -> four code vectors (one mask each, codes left in place
+  and scaled back once per row) -> ``vpdpbusd``
   (u8 code x s8 activation, 4 products summed into each int32 lane);
 * ``avx512bw`` / ``avx2``: the same with ``vpmaddubsw`` + ``vpmaddwd`` (512 or 2 x 256 bit);
 * any other CPU: :data:`ROW_DOT_ISA` is ``"none"`` and callers use their plain-numba loop.
@@ -27,6 +28,7 @@ activations, so nothing is read past a row or past ``xq`` and nothing is allocat
 from __future__ import annotations
 
 import functools
+import itertools
 
 import llvmlite.binding as llvm
 import numba
@@ -108,6 +110,22 @@ def _min64(builder, v, m):
     return builder.select(builder.icmp_signed("<", v, c), v, c)
 
 
+def _codes_scaled(builder, packed_vec, k, vty_bytes):
+    """Group k's codes left in place, code * 4**k (one AND, no shift); :func:`_unscale`
+    shifts the row's accumulators back once (exact: every product is a multiple of 4**k).
+    code * 4**k <= 128 fits u8, and vpmaddubsw's int16 pair sums stay <= 2 * 128 * 127."""
+    return builder.and_(packed_vec, _splat(vty_bytes, 3 << (2 * k)))
+
+
+def _unscale(builder, accs):
+    """acc_0 + acc_1 / 4 + acc_2 / 16 + acc_3 / 64, lane by lane (exact arithmetic shifts)."""
+    tot = builder.load(accs[0])
+    for k, a in enumerate(accs[1:], start=1):
+        v = builder.load(a)
+        tot = builder.add(tot, builder.ashr(v, _splat(v.type, 2 * k)))
+    return tot
+
+
 def _codes(builder, packed_vec, k, vty_bytes):
     """Codes of group k (bits 2k..2k+1 of every byte) as a byte vector."""
     n32 = vty_bytes.count // 4
@@ -184,7 +202,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
                     q = _load_vec(builder, qbase, qoff, vbytes)
                 for i, pv in enumerate(pvs):
                     a = accs[i][k]
-                    builder.store(_dot_step(builder, isa, builder.load(a), _codes(builder, pv, k, vbytes), q), a)
+                    builder.store(_dot_step(builder, isa, builder.load(a), _codes_scaled(builder, pv, k, vbytes), q), a)
 
     with cgutils.for_range(builder, nfull) as loop:
         i = loop.index
@@ -193,25 +211,25 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
     def half_tail(seg_byte, seg_q):
         """The last segment when it is exactly 128 columns (32 bytes: d_model 384, 640, ...):
         plain 32-byte loads and 256-bit dot products (single-pumped where 512-bit ones are
-        split in two), summed into each row's first accumulator — no masks."""
+        split in two), summed into each row's accumulators — no masks."""
         v32 = ir.VectorType(_I8, 32)
         pvs = [_load_vec(builder, rb, seg_byte, v32) for rb in row_bases]
-        tails = [ir.Constant(_V8I32, None) for _ in row_bases]
+        tails = [[ir.Constant(_V8I32, None)] * 4 for _ in row_bases]
         for k in range(4):
             q = _load_vec(builder, qbase, builder.add(seg_q, ir.Constant(_I64, 32 * k)), v32)
             for i, pv in enumerate(pvs):
-                c = _codes(builder, pv, k, v32)
+                c = _codes_scaled(builder, pv, k, v32)
                 if isa == "avx512vnni":
                     fn = _fn(builder.module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-                    tails[i] = builder.call(fn, [tails[i], builder.bitcast(c, _V8I32), builder.bitcast(q, _V8I32)])
+                    tails[i][k] = builder.call(fn, [tails[i][k], builder.bitcast(c, _V8I32), builder.bitcast(q, _V8I32)])
                 else:  # avx512bw / avx2: vpmaddubsw + vpmaddwd on 256 bits
-                    tails[i] = _dot_step(builder, "avx2", tails[i], c, q)
-        for i, t in enumerate(tails):
+                    tails[i][k] = _dot_step(builder, "avx2", tails[i][k], c, q)
+        for i, k in itertools.product(range(len(pvs)), range(4)):
+            t = tails[i][k]
             if width == 64:  # widen to the 16-lane accumulator (upper lanes 0)
                 t = builder.shuffle_vector(t, ir.Constant(_V8I32, [0] * 8),
                                            ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
-            a = accs[i][0]
-            builder.store(builder.add(builder.load(a), t), a)
+            builder.store(builder.add(builder.load(accs[i][k]), t), accs[i][k])
 
     with builder.if_then(builder.icmp_signed(">", gtail, ir.Constant(_I64, 0))):
         seg_byte = builder.mul(nfull, ir.Constant(_I64, SEG_BYTES))
@@ -224,11 +242,8 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
                 segment(seg_byte, seg_q, gtail, True)
     red = _fn(builder.module, f"llvm.vector.reduce.add.v{vacc.count}i32", _I32, [vacc])
     sums = []
-    for row in accs:
-        tot = builder.load(row[0])
-        for a in row[1:]:
-            tot = builder.add(tot, builder.load(a))
-        sums.append(builder.call(red, [tot]))
+    for row in accs:  # accumulator k holds 4**k times its group's dot (_codes_scaled)
+        sums.append(builder.call(red, [_unscale(builder, row)]))
     if nrows == 1:
         return sums[0]
     return context.make_tuple(builder, sig.return_type, sums)
@@ -294,8 +309,6 @@ SKIP_CHUNK_BYTES = 32 if ROW_DOT_ISA == "avx2" else 64  # packed bytes one skip_
 def _interleave4(builder, c, width):
     """Byte vectors c[0..3] (width bytes, byte j = code of output j for input i) -> width/16
     vectors whose 4-byte lane i of vector m holds (c0[16m+i], c1[16m+i], c2[16m+i], c3[16m+i])."""
-    vty = ir.VectorType(_I8, width)
-
     def pairs(a, b, half):  # bytes (a[j], b[j]) for j in half*width/2 ..
         base = half * width // 2
         mask = []
@@ -316,7 +329,6 @@ def _interleave4(builder, c, width):
             mask += [o + i, width // 2 + o + i]
         out.append(builder.bitcast(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 32), mask)),
                                    ir.VectorType(_I8, 64)))
-    del vty
     return out
 
 
@@ -382,9 +394,7 @@ def _emit_skip_chunk(context, builder, sig, args, isa, width):
 
 def _skip_dot(builder, isa, acc, codes64, q4):
     """acc (16 int32) += per-lane sum over 4 bytes of codes (u8) * q4 bytes (s8)."""
-    if isa == "avx512vnni":
-        return _dot_step(builder, isa, acc, codes64, builder.bitcast(q4, _V64I8))
-    if isa == "avx512bw":
+    if isa in ("avx512vnni", "avx512bw"):
         return _dot_step(builder, isa, acc, codes64, builder.bitcast(q4, _V64I8))
     # avx2: two 256-bit halves
     lo = ir.Constant(_V8I32, list(range(8)))
@@ -424,64 +434,6 @@ def _make_skip_chunk(isa, width):
 skip_chunk = _make_skip_chunk(ROW_DOT_ISA if ROW_DOT_ISA != "none" else "avx2", SKIP_CHUNK_BYTES)
 
 
-# ---- T-MAC-style table lookups (AVX-512 VBMI: vpermi2b, a 128-entry byte table) -------------
+# ---- AVX-512 VBMI (vpermi2b) for the T-MAC-style lookups of tern.kernels.kernels_lut ----------
 
 HAS_VBMI = {"avx512vbmi", "avx512bw"} <= target_features()
-LUT_ROWS = 64  # rows per block: one byte lane per row
-
-
-def _emit_lut_tile(context, builder, sig, args):
-    cd_ty, tb_ty, _, _, _, acc_ty = sig.args
-    codes_arg, tables_arg, blk, g0, g1, acc_arg = args
-    cd = context.make_array(cd_ty)(context, builder, codes_arg)
-    tb = context.make_array(tb_ty)(context, builder, tables_arg)
-    aa = context.make_array(acc_ty)(context, builder, acc_arg)
-    cstr = cgutils.unpack_tuple(builder, cd.strides)  # (blocks, groups, 64) bytes
-    tstr = cgutils.unpack_tuple(builder, tb.strides)  # (groups, 2, 128) bytes
-    cbase = builder.gep(builder.bitcast(cd.data, ir.PointerType(_I8)), [builder.mul(blk, cstr[0])])
-    tbase = builder.bitcast(tb.data, ir.PointerType(_I8))
-    acc_ptr = builder.bitcast(aa.data, ir.PointerType(_I32))
-    perm = _fn(builder.module, "llvm.x86.avx512.vpermi2var.qi.512", _V64I8, [_V64I8, _V64I8, _V64I8])
-    v32i16 = _V32I16
-    acc16 = [cgutils.alloca_once_value(builder, ir.Constant(v32i16, None)) for _ in range(2)]
-    with cgutils.for_range(builder, g1, start=g0) as loop:
-        g = loop.index
-        idx = _load_vec(builder, cbase, builder.mul(g, cstr[1]), _V64I8)
-        toff = builder.mul(g, tstr[0])
-        lo_a = _load_vec(builder, tbase, toff, _V64I8)
-        lo_b = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 64)), _V64I8)
-        hi_a = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 128)), _V64I8)
-        hi_b = _load_vec(builder, tbase, builder.add(toff, ir.Constant(_I64, 192)), _V64I8)
-        lo = builder.call(perm, [lo_a, idx, lo_b])  # byte j: low byte of T[g, idx[j]]
-        hi = builder.call(perm, [hi_a, idx, hi_b])
-        for h in range(2):  # int16 lanes for rows 32h .. 32h+31
-            mask = []
-            for j in range(32 * h, 32 * h + 32):
-                mask += [j, 64 + j]
-            w = builder.bitcast(builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), mask)), v32i16)
-            builder.store(builder.add(builder.load(acc16[h]), w), acc16[h])
-    for h in range(2):
-        wide = builder.sext(builder.load(acc16[h]), ir.VectorType(_I32, 32))
-        ptr = builder.bitcast(builder.gep(acc_ptr, [ir.Constant(_I64, 32 * h)]), ir.PointerType(ir.VectorType(_I32, 32)))
-        builder.store(builder.add(builder.load(ptr, align=4), wide), ptr, align=4)
-    return context.get_dummy_value()
-
-
-@intrinsic
-def lut_tile(typingctx, codes, tables, blk, g0, g1, acc):
-    """acc[j] += sum_{g0 <= g < g1} T[g, codes[blk, g, j]] for the 64 rows j of block blk,
-    T[g, i] the int16 whose bytes are tables[g, 0, i] (low) and tables[g, 1, i] (high).
-    Sums stay in int16 inside a call: g1 - g0 <= 64 with |T| <= 508. Needs AVX-512 VBMI."""
-    ok = (isinstance(codes, types.Array) and codes.ndim == 3 and codes.dtype == types.uint8
-          and codes.layout == "C"
-          and isinstance(tables, types.Array) and tables.ndim == 3 and tables.dtype == types.uint8
-          and tables.layout == "C"
-          and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.int32)
-    if not ok:
-        return None
-    sig = types.none(codes, tables, types.int64, types.int64, types.int64, acc)
-
-    def codegen(context, builder, signature, args):
-        return _emit_lut_tile(context, builder, signature, list(args))
-
-    return sig, codegen

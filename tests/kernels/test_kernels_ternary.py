@@ -306,6 +306,34 @@ def test_row_dot_every_isa_path(isa):
                         simd._make_row_dot(isa, 4, prefetch))
 
 
+@pytest.mark.parametrize("isa", _host_isas_list() or ["none"])
+def test_row_dot_largest_sums_every_isa_path(isa):
+    """The row dots keep each 2-bit group's codes in place (code * 4**k, k = 0..3) and shift
+    the int32 accumulators back once per row: at MAX_COLS columns of code 2 (w = +1)
+    against +127 group 3's lanes reach 64 * 254 * 8 * 16,513 (AVX2), within 2**31; a wrong
+    scale, a logical instead of arithmetic shift or a lane overflow breaks one of these
+    (the plain-sum bound, 8,454,660 columns, overflowed a lane and failed here)."""
+    if isa == "none":
+        pytest.skip("no x86 SIMD path on this CPU")
+    rows4 = simd._make_row_dot(isa, 4, 0)
+
+    @numba.njit
+    def dots(packed, xq):
+        nfull = xq.shape[0] // 256
+        return rows4(packed, 0, xq, nfull, packed.shape[1] - 64 * nfull)
+
+    for cols in (256, 1100, K.MAX_COLS - 3, K.MAX_COLS):
+        wt = np.ones((4, cols), dtype=np.int8)  # code 2 everywhere
+        wt[2, ::2] = -1  # code 0 on even columns: only the odd ones count
+        wt[3] = 0  # code 1
+        xq = np.full(cols, 127, dtype=np.int8)
+        xq[1::2] = -127
+        want = (wt.astype(np.int64) + 1) @ xq.astype(np.int64)
+        assert list(dots(P.pack_ternary2(wt), xq)) == want.tolist(), cols
+        got = dots(P.pack_ternary2(wt), np.abs(xq))
+        assert got[0] == 254 * cols, cols
+
+
 def _check_row_dots(row_dot, rows2_dot, rows4_dot):
     @numba.njit
     def dots(packed, xq, out1, out2, out4):
