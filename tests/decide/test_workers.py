@@ -140,16 +140,20 @@ def _alive(pid: int) -> bool:
 
 
 def waiting_runner(model_cfg, train_cfg, out_dir=None, progress=True):
-    """Seed 0 of arm B waits (up to 30 s) for the marker the driver's on_row writes when
-    another run has been reported; every other run returns at once."""
-    marker = os.environ["TERN_TEST_MARKER"]
+    """Seed 0 of arm B waits (up to 30 s) until the driver's on_row has marked every other
+    run as reported (one byte each in the marker file); every other run returns at once."""
+    marker, others = os.environ["TERN_TEST_MARKER"], int(os.environ["TERN_TEST_OTHERS"])
+
+    def reported():
+        return os.path.getsize(marker) if os.path.exists(marker) else 0
+
     waited = 0.0
     if (model_cfg.mlp_format, train_cfg["seed"]) == ("ternary2", 0):
         t0 = time.monotonic()
-        while not os.path.exists(marker) and time.monotonic() - t0 < 30:
+        while reported() < others and time.monotonic() - t0 < 30:
             time.sleep(0.05)
         waited = time.monotonic() - t0
-    return {**fake_runner(model_cfg, train_cfg), "waited_s": waited, "saw_marker": os.path.exists(marker)}
+    return {**fake_runner(model_cfg, train_cfg), "waited_s": waited, "saw_marker": reported() >= others}
 
 
 def test_pool_runs_are_reported_as_they_finish(tmp_path, gate, monkeypatch):
@@ -160,13 +164,15 @@ def test_pool_runs_are_reported_as_they_finish(tmp_path, gate, monkeypatch):
     from tern.decide.workers import RunJob, run_jobs
 
     marker = tmp_path / "reported"
-    monkeypatch.setenv("TERN_TEST_MARKER", str(marker))  # spawned workers inherit it
     spec = load_gate(gate)
     jobs = [RunJob(spec.name, spec.hash, spec.metric, r, str(tmp_path / "reg.jsonl"), waiting_runner)
             for r in plan_runs(spec, dict)]
+    monkeypatch.setenv("TERN_TEST_MARKER", str(marker))  # spawned workers inherit them
+    monkeypatch.setenv("TERN_TEST_OTHERS", str(len(jobs) - 1))
 
     def on_row(row):
-        marker.touch()
+        with open(marker, "ab") as f:
+            f.write(b"x")
 
     rows = run_jobs(jobs, workers=2, on_row=on_row)
     slow = [r for r in rows if r["arm"] == "B" and r["seed"] == 0]
