@@ -1,0 +1,152 @@
+"""How the row-at-a-time kernels of the stored fp16 / int8 tables (heads, routers:
+tern.kernels.kernels_stored) prefetch, measured: the shipped kernels (the whole row
+``rows_ahead`` rows on, in one burst before each row's sum: tern.kernels.prefetch.prefetch_row)
+against the same loop with the row's lines in two halves (before and after the sum) and
+with no software prefetch.
+
+All forms run in one process on one matrix (``--bytes``, on transparent huge pages as the
+engine's weight copy), in interleaved runs, so a drifting VM hits them alike. One JSONL row
+per (dtype, columns, threads, form) in ``<results>/bench/dense_prefetch.jsonl``:
+tern.core.records.run_metadata and summaries of GB/s (weight bytes per call / seconds).
+
+    .venv/bin/python benchmarks/dense_prefetch.py [--cols 1024 2048 4096] [--threads 1 2]
+
+Intel Xeon VM (session 18, 9 interleaved runs, median GB/s, whole row -> halves, 1 / 2
+threads). 131 MB: fp16 2,048 columns 14.3 -> 16.8 / 35.7 -> 40.8, int8 4,096 10.7 -> 12.2 /
+24.6 -> 29.9, every cell of 1,024 / 2,048 / 4,096 columns 1.00-1.21x. But at 512 MB the
+cells scatter both ways (int8 2,048 at 1 thread 13.3-13.9 -> 9.0-10.0; fp16 1,024 15.5 ->
+9.7, at 2 threads 15.9 -> 18.8), and the engine's 1.1B peer (fp16 head, 131 MB of its
+547 MB) decoded alike with either (3 interleaved rounds: 1 thread 33.7 / 33.2 / 33.7 ->
+32.8 / 33.2 / 33.7 tok/s, 2 threads 60.0 / 59.5 / 60.2 -> 59.8 / 58.9 / 61.3): the
+131 MB figures hold for a matrix read again and again, partly from this VM's L3, not for
+a head read from DRAM once per token. The whole row stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.kernels.kernels_stored import (
+    JIT,
+    _dot16,
+    _int8w_row,
+    matvec_int8w,
+    matvec_int8w_par,
+    matvec_w16,
+    matvec_w16_par,
+)
+from tern.kernels.prefetch import CACHE_LINE_BYTES, prefetch_line, rows_ahead
+from tern.run.weights import huge_page_copy
+
+
+@numba.njit(cache=True, inline="always")
+def _half_row(W, r, stop, second):
+    """Prefetch the lines of the first (``second`` False) or second half of row ``r``."""
+    if r < stop:
+        nbytes = W.shape[1] * W.itemsize
+        mid = (nbytes // CACHE_LINE_BYTES + 1) // 2 * CACHE_LINE_BYTES
+        for off in range(mid if second else 0, nbytes if second else mid, CACHE_LINE_BYTES):
+            prefetch_line(W, r, off)
+
+
+def _w16_loop(W, x, out, on):
+    """The fp16 loop with the row's lines prefetched in two halves (``on``) or not at all."""
+    a, n = rows_ahead(W), W.shape[0]
+    for r in numba.prange(n):
+        if on:
+            _half_row(W, r + a, n, False)
+        out[r] = _dot16(W, x, r, False)
+        if on:
+            _half_row(W, r + a, n, True)
+
+
+def _int8_loop(Wq, scale, x, out, on):
+    a, n = rows_ahead(Wq), Wq.shape[0]
+    for r in numba.prange(n):
+        if on:
+            _half_row(Wq, r + a, n, False)
+        out[r] = _int8w_row(Wq, x, r) * scale[r]
+        if on:
+            _half_row(Wq, r + a, n, True)
+
+
+# serial (1 thread: prange runs as range, as the shipped 1-thread kernels) and parallel builds
+_w16_split = numba.njit(fastmath=True, cache=True)(_w16_loop)
+_w16_split_par = numba.njit(fastmath=True, cache=True, parallel=True)(_w16_loop)
+_int8_split = numba.njit(**JIT)(_int8_loop)
+_int8_split_par = numba.njit(parallel=True, **JIT)(_int8_loop)
+
+
+def forms(kind: str, W: np.ndarray, x: np.ndarray, out: np.ndarray, threads: int) -> dict:
+    """{form: call} for one matrix; the shipped kernel first."""
+    sc = np.ones(W.shape[0], np.float32)
+    if kind == "fp16":
+        shipped, other = (matvec_w16, _w16_split) if threads == 1 else (matvec_w16_par, _w16_split_par)
+        return {"whole row (shipped)": lambda: shipped(W, x, out, False), "halves": lambda: other(W, x, out, True),
+                "none": lambda: other(W, x, out, False)}
+    shipped, other = (matvec_int8w, _int8_split) if threads == 1 else (matvec_int8w_par, _int8_split_par)
+    return {"whole row (shipped)": lambda: shipped(W, sc, x, out), "halves": lambda: other(W, sc, x, out, True),
+            "none": lambda: other(W, sc, x, out, False)}
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    rng = np.random.default_rng(0)
+    out_path = Path(args.results) / "bench" / "dense_prefetch.jsonl"
+    rows_out = []
+    for kind in args.dtypes:
+        itemsize = 2 if kind == "fp16" else 1
+        for cols in args.cols:
+            rows = max(1, args.bytes // (cols * itemsize))
+            if kind == "fp16":
+                W0 = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint16)
+            else:
+                W0 = rng.integers(-127, 128, (rows, cols), dtype=np.int8)
+            W = huge_page_copy(W0.view(np.uint8)).view(W0.dtype).reshape(rows, cols)
+            del W0
+            x = rng.standard_normal(cols).astype(np.float32)
+            out = np.zeros(rows, np.float32)
+            for t in args.threads:
+                numba.set_num_threads(t)
+                calls = forms(kind, W, x, out, t)
+                for c in calls.values():
+                    c()  # compile / load from cache, warm
+                gbps: dict[str, list[float]] = {f: [] for f in calls}
+                for _ in range(args.repeats):
+                    for f, c in calls.items():
+                        t0 = time.perf_counter()
+                        c()
+                        gbps[f].append(W.nbytes / (time.perf_counter() - t0) / 1e9)
+                for f, v in gbps.items():
+                    row = {**run_metadata(t), "bench": "dense_prefetch", "dtype": kind, "rows": rows, "cols": cols,
+                           "weight_bytes": int(W.nbytes), "form": f, "gbps": summarize(v)}
+                    append_jsonl(out_path, row)
+                    rows_out.append(row)
+                print(f"{kind} {cols} cols, {t} thread(s): " + ", ".join(
+                    f"{f} {summarize(v)['median']:.1f}" for f, v in gbps.items()) + " GB/s", flush=True)
+            del W
+    print(f"rows appended to {out_path}")
+    return rows_out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/dense_prefetch.jsonl)")
+    p.add_argument("--dtypes", nargs="+", default=["fp16", "int8"], choices=["fp16", "int8"])
+    p.add_argument("--cols", nargs="+", type=int, default=[1024, 2048, 4096], help="columns (inputs) per row")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--bytes", type=int, default=131_072_000, help="matrix bytes (default: the 1.1B peer's fp16 head)")
+    p.add_argument("--repeats", type=int, default=9, help="interleaved runs per form (median reported)")
+    a = p.parse_args(argv)
+    if min(a.cols) < 1 or min(a.threads) < 1 or a.bytes < 1 or a.repeats < 1:
+        p.error("--cols, --threads, --bytes and --repeats must be positive")
+    run(a)
+
+
+if __name__ == "__main__":
+    main()
