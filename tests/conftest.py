@@ -8,6 +8,11 @@ tests/predict/test_roofline.py, tests/measure/test_sweep.py) stay next to those 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
 from tern.core.config import ModelConfig
@@ -39,3 +44,15 @@ def assert_one_line_error(err: str, *needles: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert all(n in lines[0] for n in needles), (needles, err)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py imported as module ``name``, registered in sys.modules so numba's
+    cache entries name an importable module (the script runs under the same name; an
+    unregistered module is cached as '<dynamic>', unloadable)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

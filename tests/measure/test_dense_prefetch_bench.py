@@ -2,26 +2,18 @@
 bit for bit (only the prefetch differs), every (dtype, columns, threads, form) gets one
 JSONL row, and bad arguments are a clear argparse error."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from tern.kernels.kernels_stored import matvec_int8w, matvec_w16
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "dense_prefetch.py"
 
 
 @pytest.fixture(scope="module")
 def dp():
-    spec = importlib.util.spec_from_file_location("dense_prefetch", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dense_prefetch"] = mod  # numba's cache entries then name an importable module
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("dense_prefetch")
 
 
 @pytest.mark.parametrize("cols", [64, 1000, 2048])
@@ -36,20 +28,11 @@ def test_comparison_forms_match_the_shipped_kernels(dp, cols):
     matvec_w16(W16, x, ref16, False)
     matvec_int8w(W8, sc, x, ref8)
     for on in (True, False):
-        o = np.full(rows, np.nan, np.float32)
-        dp._w16_split(W16, x, o, on)
-        o = np.full(rows, np.nan, np.float32)
-        dp._w16_split_par(W16, x, o, on)
-        np.testing.assert_array_equal(o, ref16)
-        o = np.full(rows, np.nan, np.float32)
-        dp._int8_split_par(W8, sc, x, o, on)
-        np.testing.assert_array_equal(o, ref8)
-        o = np.full(rows, np.nan, np.float32)
-        dp._w16_split(W16, x, o, on)
-        np.testing.assert_array_equal(o, ref16)
-        o = np.full(rows, np.nan, np.float32)
-        dp._int8_split(W8, sc, x, o, on)
-        np.testing.assert_array_equal(o, ref8)
+        for fn, args, ref in ((dp._w16_split, (W16, x), ref16), (dp._w16_split_par, (W16, x), ref16),
+                              (dp._int8_split, (W8, sc, x), ref8), (dp._int8_split_par, (W8, sc, x), ref8)):
+            o = np.full(rows, np.nan, np.float32)
+            fn(*args, o, on)
+            np.testing.assert_array_equal(o, ref, err_msg=f"{fn} prefetch={on}")
 
 
 def test_rows_per_form(dp, tmp_path, capsys):

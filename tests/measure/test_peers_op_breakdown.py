@@ -2,30 +2,19 @@
 logits (every mixer, dense MLP, shared and routed experts, sequential and expert-parallel),
 and its per-category cycles account for the token."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numba
 import numpy as np
 import pytest
-from conftest import SMALL
+from conftest import SMALL, load_benchmark
 
 from tern.packed.writer import random_model
 from tern.run.engine import Engine
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "op_breakdown.py"
-
 
 @pytest.fixture(scope="module")
 def ob():
-    spec = importlib.util.spec_from_file_location("op_breakdown", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    # registered under its name, so numba's cache entries name an importable module (the script
-    # runs under the same name; an unregistered module is cached as '<dynamic>', unloadable)
-    sys.modules["op_breakdown"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("op_breakdown")
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,21 @@ distance compute the engine kernel's sums, every (pass, distance, threads, matri
 JSONL row, and a bad distance is a clear argparse error; --row-length adds the default
 kernel's cache-resident rows (section rowlen_cache)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from tern.kernels import kernels_ternary as kt
 from tern.kernels.packing import random_ternary2
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ternary_matvec.py"
 pytestmark = pytest.mark.skipif(kt.DEFAULT_VARIANT != "simd", reason="the row passes need AVX2 / AVX-512")
 
 
 @pytest.fixture(scope="module")
 def tm():
-    spec = importlib.util.spec_from_file_location("ternary_matvec", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ternary_matvec"] = mod  # numba's cache entries then name an importable module
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("ternary_matvec")
 
 
 def test_distance_passes_compute_the_kernels_sums(tm):
