@@ -45,7 +45,7 @@ from tern.kernels.kernels_ternary import (
     ternary_matvec_stream_par,
 )
 from tern.kernels.quant import quantize_act
-from tern.kernels.routing import softmax, top_k_experts
+from tern.kernels.routing import pick_experts, softmax
 
 # ---- table columns ----------------------------------------------------------------------
 # T: per-layer tensor addresses
@@ -518,20 +518,7 @@ def route(buf, aux, G, T, LI, l, xn, pr, chosen, weights):
     in ascending expert order and their weights."""
     D, E, k = G[G_D], LI[l, L_E], LI[l, L_TOPK]
     router_logits(buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], T[l, F_ROUTER_S], E, D, xn, pr)
-    softmax(pr[:E])
-    top_k_experts(pr, E, k, chosen)
-    psum = np.float32(0.0)
-    for j in range(k):
-        psum += pr[chosen[j]]
-    for j in range(k):  # insertion sort ascending by expert index
-        v = chosen[j]
-        jj = j
-        while jj > 0 and chosen[jj - 1] > v:
-            chosen[jj] = chosen[jj - 1]
-            jj -= 1
-        chosen[jj] = v
-    for j in range(k):
-        weights[j] = pr[chosen[j]] / psum
+    pick_experts(pr, E, k, chosen, weights)
 
 
 @numba.njit(cache=True, parallel=True)

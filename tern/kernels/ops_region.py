@@ -22,8 +22,11 @@ import numpy as np
 
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, dense_row, f32, u8
-from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_BYTES, SEG_COLS, _skip_segments, skip_groups
+from tern.kernels.kernels_stored import (
+    dense_row,
+    f32,
+)
+from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
 from tern.kernels.ops import (
     F_A,
     F_CONV_B,
@@ -43,6 +46,8 @@ from tern.kernels.ops import (
     F_NORM2,
     F_OUT,
     F_OUT_S,
+    F_ROUTER,
+    F_ROUTER_S,
     F_SD,
     F_SD_S,
     F_SG,
@@ -69,6 +74,7 @@ from tern.kernels.ops import (
     G_NL,
     G_NORM_F,
     G_R,
+    G_ROUTER_KIND,
     G_THREADS,
     G_V,
     G_WIN,
@@ -87,14 +93,21 @@ from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     REGION_ITEMS_PER_THREAD,
     REGION_MIN_WEIGHTS,
-    REGION_ROW_ALIGN,
     EnginePolicy,
 )
-from tern.kernels.region import claim, finish, wait_done
-
-# Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
-# and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
-RP_MIN_WEIGHTS, RP_ITEMS = 0, 1
+from tern.kernels.region_items import (
+    REGION_DEPS,
+    RP_ITEMS,
+    RP_MIN_WEIGHTS,
+    dense_phase,
+    end_solo,
+    experts_phase,
+    mat_phase,
+    n_items,
+    skip_phase,
+    solo,
+)
+from tern.kernels.routing import pick_experts
 
 # the activation-skip down projection split over 256-output segments (its SIMD form only)
 SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
@@ -111,7 +124,7 @@ def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
-                        router_int8=True)
+                        router_int8=True, region_router_split=True)
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)
@@ -120,96 +133,9 @@ ENGINE_POLICY = run_policy(PAR_MIN_WEIGHTS, (REGION_MIN_WEIGHTS, REGION_ITEMS_PE
 
 def phases_bound(LI: np.ndarray) -> int:
     """Phases a token can take at most (counters to allocate): the embedding, per layer at
-    most 6 for the mixer, 1 for its residual, 4 per shared expert and 5 for the routed
-    experts (a down projection is one phase, split or not), the head's 2."""
-    return 1 + sum(12 + 4 * int(n) for n in LI[:, L_NSH]) + 2
-
-
-@numba.njit(cache=True, inline="always")
-def n_items(G, rp, rows, cols):
-    """Items a (rows, cols) matrix is split into: 1 under ``min_weights`` weights."""
-    if rows * cols < rp[RP_MIN_WEIGHTS]:
-        return 1
-    return max(1, min(G[G_THREADS] * rp[RP_ITEMS], (rows + REGION_ROW_ALIGN - 1) // REGION_ROW_ALIGN))
-
-
-@numba.njit(cache=True, inline="always")
-def item_rows(rows, n, i, align=REGION_ROW_ALIGN):
-    """Rows [r0, r1) of item i of n (contiguous, ``align``-aligned; the last may be short or empty)."""
-    per = ((rows + n - 1) // n + align - 1) // align * align
-    r0 = min(rows, i * per)
-    return r0, min(rows, r0 + per)
-
-
-@numba.njit(cache=True, inline="always")
-def solo(ctr, p):
-    """Is this thread the one that runs phase p's single item?"""
-    return claim(ctr, p) == 0
-
-
-@numba.njit(cache=True, inline="always")
-def end_solo(ctr, p, mine):
-    """Close a single-item phase (its runner counts it done; everyone waits); the next phase."""
-    if mine:
-        finish(ctr, p)
-    wait_done(ctr, p, 1)
-    return p + 1
-
-
-@numba.njit(cache=True)
-def mat_phase(ctr, p, n, buf, aux, Gs, w_addr, s_addr, rows, cols, xq, xs, xd, out, w2, s2, out2):
-    """Phase p: out (rows,) = W @ x in n row-range items, and when ``w2`` >= 0 a second
-    matrix of the same shape into out2 (items n .. 2n-1: gate and up in one phase)."""
-    total = 2 * n if w2 >= 0 else n
-    while True:
-        i = claim(ctr, p)
-        if i >= total:
-            break
-        w, s, o = (w_addr, s_addr, out) if i < n else (w2, s2, out2)
-        r0, r1 = item_rows(rows, n, i % n)
-        if r1 > r0:
-            ops.bitlinear(buf, aux, Gs, w + 2 * ops.mat_bytes(Gs, r0, cols), s + 8 * r0, r1 - r0, cols,
-                          xq, xs, xd, o[r0:r1])
-        finish(ctr, p)
-    wait_done(ctr, p, total)
-    return p + 1
-
-
-@numba.njit(cache=True)
-def head_phase(ctr, p, n, buf, aux, G, xn, logits):
-    """Phase p: logits (V,) = head @ xn in n row-range items (the stored head's own kind)."""
-    D, V, kind = G[G_D], G[G_V], G[G_HEAD_KIND]
-    row_bytes = D if kind == DENSE_INT8 else (4 * D if kind == DENSE_FP32 else 2 * D)
-    while True:
-        i = claim(ctr, p)
-        if i >= n:
-            break
-        r0, r1 = item_rows(V, n, i)
-        if r1 > r0:
-            dense_matvec(buf, aux, kind, G[G_HEAD] + 2 * row_bytes * r0, G[G_HEAD_S] + 8 * r0, r1 - r0, D,
-                         xn, logits[r0:r1], False)
-        finish(ctr, p)
-    wait_done(ctr, p, n)
-    return p + 1
-
-
-@numba.njit(cache=True)
-def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all, gs, us, hds, hqs):
-    """Phase p: eo_all[j] (D,) = chosen expert j's output, one expert per item, on thread
-    slot ``tid``'s scratch with the single-thread kernels (as ops.routed_experts_par)."""
-    D = Grs[G_D]
-    mb, db = 2 * ops.mat_bytes(Grs, H, D), 2 * ops.down_bytes(Grs, D, H)
-    while True:
-        j = claim(ctr, p)
-        if j >= k:
-            break
-        e = chosen[j]
-        ops.gated_mlp(buf, aux, Grs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
-                      T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
-                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[tid], us[tid], hqs[tid], hds[tid], eps, eo_all[j])
-        finish(ctr, p)
-    wait_done(ctr, p, k)
-    return p + 1
+    most 6 for the mixer, 1 for its residual, 4 per shared expert and 6 for the routed
+    experts (the router, the routing, then a down projection is one phase, split or not), the head's 2."""
+    return 1 + sum(13 + 4 * int(n) for n in LI[:, L_NSH]) + 2
 
 
 PEND_EO, PEND_X = 1, 2  # work deferred to the next single-item phase: acc += eo, x += acc
@@ -306,28 +232,6 @@ def expert_phases(ctr, p, buf, aux, G, Gx, rp, ga, gsa, ua, usa, da, dsa, H, eps
 
 
 @numba.njit(cache=True)
-def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
-    """Phase p: out (D,) = the activation-skip down projection (the transposed (H, D)
-    matrix at ``w_addr``, tern.kernels.kernels_ternary) in n items of whole 256-output
-    segments, each over every nonzero hidden unit in the kernel's own order."""
-    rb = (D + 3) // 4
-    packed_t = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
-    row_scale = f32(buf, aux, s_addr, D)
-    nseg = (rb + SEG_BYTES - 1) // SEG_BYTES
-    while True:
-        i = claim(ctr, p)
-        if i >= n:
-            break
-        s0, s1 = item_rows(nseg, n, i, 1)  # whole segments
-        if s1 > s0:
-            idx, qq, qsum = skip_groups(hq[:H])  # each item its own (a few us), no shared scratch
-            _skip_segments(packed_t, idx, qq, qsum, row_scale, hs, out[:D], s0, s1)
-        finish(ctr, p)
-    wait_done(ctr, p, n)
-    return p + 1
-
-
-@numba.njit(cache=True)
 def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork, counts, last, scal):
     """x += acc (the mixer's output), then FFN_l(RMSNorm(x; norm2)) into acc as ops.ffn_step;
     returns (next phase, the additions left to the next single-item phase: PEND_*)."""
@@ -366,10 +270,17 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
         chosen = last[mi]
         together = G[G_MOE_SKIP] != 0 and k >= 2  # the chosen experts as items of one phase
         single = G[G_MOE_SKIP] != 0 and k == 1  # the one chosen expert's matrices split in row ranges
+        nr = n_items(G, rp, E, D)  # the router's row ranges: a phase of their own when it splits
+        if nr > 1:
+            p = dense_phase(ctr, p, nr, buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], T[l, F_ROUTER_S], E, D, xn, pr,
+                            True)  # reads xn only
         mine = solo(ctr, p)
         if mine:
             settle(pend, x, acc, eo, D)
-            ops.route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
+            if nr == 1:
+                ops.route(buf, aux, G, T, LI, l, xn, pr, chosen, wk)
+            else:
+                pick_experts(pr, E, k, chosen, wk)
             for j in range(k):
                 counts[mi, chosen[j]] += 1
             if not (together or single):  # every expert (no MoE skip): in this item, in order
@@ -422,7 +333,8 @@ def _token_body(tid, buf, aux, G, Gs, Grs, rp, T, LI, eps, token, t, ssm_h, conv
         settle(pend, x, acc, eo, D)
         ops.rmsnorm(x, f32(buf, aux, G[G_NORM_F], D), eps, xn)
     p = end_solo(ctr, p, mine)
-    p = head_phase(ctr, p, n_items(G, rp, G[G_V], D), buf, aux, G, xn, logits)
+    p = dense_phase(ctr, p, n_items(G, rp, G[G_V], D), buf, aux, G[G_HEAD_KIND], G[G_HEAD], G[G_HEAD_S], G[G_V], D,
+                    xn, logits, False)
     if tid == 0:
         scal[scal.shape[0] - 1] = np.float32(p)  # phases used (tests check the bound)
 
@@ -443,6 +355,4 @@ def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, 
     pos[0] += 1
 
 
-_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-         "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py")
-drop_stale_cache(__file__, _DEPS, token_step_region)
+drop_stale_cache(__file__, REGION_DEPS + ("region_items.py",), token_step_region)

@@ -62,7 +62,9 @@ class EnginePolicy:
     ``region_min_weights`` weights into ``region_items`` row ranges per thread, shares a MoE
     layer's chosen experts (top_k >= 2) out one per item at any size and, with
     ``region_skip_split`` (its SIMD skip kernel), the activation-skip down projections over
-    256-output segments. ``router_int8``: an int8 router is read from the file at 1 byte a
+    256-output segments and, with ``region_router_split``, a MoE router's rows over items of a
+    phase of their own (the top-k choice after it; engines before ran the router in the
+    routing item, on one thread). ``router_int8``: an int8 router is read from the file at 1 byte a
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
     routers to an fp32 table at load and read 4 (so their rows are priced that way)."""
 
@@ -72,6 +74,7 @@ class EnginePolicy:
     region_items: int = REGION_ITEMS_PER_THREAD
     region_skip_split: bool = False
     router_int8: bool = False
+    region_router_split: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -110,7 +113,7 @@ class EnginePolicy:
 
 # today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
-CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True)
+CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True)
 PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 

@@ -1,6 +1,6 @@
 """MoE routing math of the engine (docs/MODEL.md), in numba: the softmax (also the
-attention's) and the top-k choice of experts. tern.kernels.ops.route reads the router and
-calls both; the training model's torch routing (tern.train.model.moe.route) has the same
+attention's) and the top-k choice of experts (:func:`pick_experts`). tern.kernels.ops.route
+reads the router and calls it (the one-region step reads the router in row ranges first); the training model's torch routing (tern.train.model.moe.route) has the same
 tie rule."""
 
 from __future__ import annotations
@@ -50,6 +50,27 @@ def top_k_experts(pr, E, k, chosen):
             pos -= 1
         chosen[pos] = e
         cnt += 1
+
+
+@numba.njit(**JIT)
+def pick_experts(pr, E, k, chosen, weights):
+    """From router logits pr[:E] (overwritten with their softmax): chosen (top_k,) = the k
+    most probable experts (ties: lower index) in ascending expert order, weights = their
+    probabilities renormalised over the k (docs/MODEL.md)."""
+    softmax(pr[:E])
+    top_k_experts(pr, E, k, chosen)
+    psum = np.float32(0.0)
+    for j in range(k):
+        psum += pr[chosen[j]]
+    for j in range(k):  # insertion sort ascending by expert index
+        v = chosen[j]
+        jj = j
+        while jj > 0 and chosen[jj - 1] > v:
+            chosen[jj] = chosen[jj - 1]
+            jj -= 1
+        chosen[jj] = v
+    for j in range(k):
+        weights[j] = pr[chosen[j]] / psum
 
 
 # numba cache hygiene: the cached code above embeds tern.kernels.fastmath's exp

@@ -26,6 +26,7 @@ from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
 from tern.kernels.policy import (
     CURRENT_POLICY,
+    REGION_MIN_WEIGHTS,
     REGION_ROW_ALIGN,
     SEGMENT_COLS,
     STREAM_MAX_ROW_BYTES,
@@ -224,10 +225,11 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
             _add(res, "vector", 1, 0, D)
             if cfg.n_shared:
                 skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb, policy=policy)
-            # router logits (fp32 math, one thread): an int8 router read as int8 by engines
-            # that do (EnginePolicy.router_int8), else as the fp32 table older engines built
+            # router logits (fp32 math; split by the one-region step where EnginePolicy.region_router_split):
+            # int8 rows read as int8 where EnginePolicy.router_int8, else as the fp32 table older engines built
             router_fmt = "int8" if policy.router_int8 and cfg.router_format == "int8" else "fp32"
-            _matvec(res, router_fmt, cfg.n_experts, D, serial=True)
+            _matvec(res, router_fmt, cfg.n_experts, D, policy=policy,
+                    serial=not (policy.region and policy.region_router_split))
             _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
             skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
                                   experts_parallel(cfg, policy), policy)
@@ -238,19 +240,22 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
     _matvec(res, head_fmt, cfg.vocab_size, D, policy=policy)
     if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
-        _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0, region_phases(cfg, policy.region_skip_split))
+        _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
+             region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights))
     return WorkInventory(res, st, skip_res, skip_st)
 
 
 REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its phases (units)
 
 
-def region_phases(cfg: ModelConfig, skip_split: bool) -> int:
+def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False,
+                  min_weights: int = REGION_MIN_WEIGHTS) -> int:
     """Phases one token walks in the one-region step (tern.kernels.ops_region; it records
     the count it used, and the tests hold the two equal): the embedding; per layer the
     mixer's (an SSM 6, attention 4) and the FFN input's norm; per gated MLP gate + up, its
     activation and, unless the activation skip runs inside that item (its plain form,
-    ``skip_split`` False), the down projection; a MoE layer's routing, then its one chosen
+    ``skip_split`` False), the down projection; a MoE layer's router (``router_split``: a
+    phase when it splits, at least ``min_weights`` weights and 17 rows) and routing, then its one chosen
     expert's MLP and the weighted add, or the chosen experts as one phase and their sum;
     a settle between shared experts; the final norm and the head."""
     def mlp(fmt: str) -> int:
@@ -262,6 +267,7 @@ def region_phases(cfg: ModelConfig, skip_split: bool) -> int:
         n += (6 if cfg.mixer(layer) == "ssm" else 4) + 1
         if cfg.is_moe(layer):
             n += cfg.n_shared * mlp(cfg.mlp_format) + max(cfg.n_shared - 1, 0) + 1
+            n += int(router_split and cfg.n_experts * cfg.d_model >= min_weights and cfg.n_experts > REGION_ROW_ALIGN)
             n += (mlp(cfg.expert_format) + 1) if cfg.top_k == 1 else 2  # top-1: its MLP + the add
         elif cfg.mlp_hidden:
             n += mlp(cfg.mlp_format)

@@ -11,6 +11,7 @@ import numba
 import numpy as np
 
 from tern.kernels import ops, ops_region
+from tern.kernels.cache_guard import drop_stale_cache
 
 
 def time_steps(engine: Any, tokens: np.ndarray) -> float:
@@ -60,3 +61,10 @@ def time_in_numba(engine: Any, tokens: np.ndarray) -> float:
     t0 = time.perf_counter()
     (_token_loop_region if engine.region else _token_loop)(*before, toks, *after)
     return (time.perf_counter() - t0) / len(toks)
+
+
+# numba cache hygiene: the loops above are cached with the engine's token steps compiled into
+# them, so a change to any engine file must drop them (before, they kept running the old step)
+drop_stale_cache(__file__, tuple(f"../kernels/{f}" for f in (
+    "ops.py", "ops_region.py", "region_items.py", "region.py", "routing.py", "kernels_ternary.py", "kernels_b3.py",
+    "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py")), _token_loop)

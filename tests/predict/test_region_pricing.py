@@ -165,3 +165,22 @@ def test_int8_router_is_priced_as_the_recording_engine_read_it():
     assert "int8_matvec" not in router_ops(old) and "fp32_matvec" in router_ops(old)
     fp32_router = cfg.replace(router_format="fp32")
     assert "int8_matvec" not in router_ops(CURRENT_POLICY, fp32_router)
+
+
+def test_router_rows_are_items_only_for_engines_that_split_them():
+    """The one-region step reads a router of >= 16K weights and > 16 rows in row ranges (a
+    phase of its own); rows of engines before it price the router on one thread."""
+    cfg = load_config("sandbox").replace(router_format="int8", n_experts=128)  # 128 x 256 weights
+    assert cfg.n_experts * cfg.d_model >= REGION_MIN_WEIGHTS
+
+    def int8_splits(policy, c=cfg):
+        res, _, _, _ = work_inventory(c, policy=policy)
+        return {k.split for k in res if k.op == "int8_matvec"}
+
+    before = dataclasses.replace(CURRENT_POLICY, region_router_split=False)
+    assert int8_splits(CURRENT_POLICY) == {"items"} and int8_splits(before) == {"serial"}
+    moe = sum(cfg.is_moe(i) for i in range(cfg.n_layers))
+    assert region_phases(cfg, True, True) == region_phases(cfg, True, False) + moe > 0
+    small = cfg.replace(n_experts=16)  # 16 rows: one item, in the routing item as before
+    assert region_phases(small, True, True) == region_phases(small, True, False)
+    assert EnginePolicy.of_record({"engine_policy": {"region": True}}).region_router_split is False

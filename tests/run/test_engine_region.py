@@ -21,6 +21,11 @@ VARIANTS = {
     "fp32": (SMALL, dict(kernel="fp32")),
     "masked": (SMALL, dict(moe_skip=False)),  # every expert: one item, in order
     "top1": (SMALL.replace(top_k=1), {}),
+    # routers of more than 16 rows: their row ranges are a phase of their own (fp32 rows when
+    # every matrix splits; int8 / fp16 rows of 64 x 256 = the default's 16K weights)
+    "router40": (SMALL.replace(n_experts=40), {}),
+    "router_int8": (SMALL.replace(d_model=256, n_experts=64, router_format="int8"), {}),
+    "router_fp16": (SMALL.replace(d_model=256, n_experts=64, router_format="fp16", top_k=3), {}),
     "heads16": (SMALL.replace(embed_format="fp16", head_format="int8", router_format="bf16", tie_embeddings=False), {}),
     "b3": (SMALL.replace(d_model=256, mlp_hidden=512, expert_hidden=256, shared_hidden=256, activation="silu",
                          mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3"),
@@ -70,7 +75,7 @@ def test_region_logits_identical_to_one_thread(files, variant):
     used = int(eng.fused_call()[2][-1][-1])
     assert 0 < used <= ops_region.phases_bound(eng.LI)
     if kw.get("kernel", "ternary") == "ternary" and kw.get("moe_skip", True):  # the predictor counts the same
-        assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS), variant
+        assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS, ops_region.ENGINE_POLICY.region_router_split), variant
 
 
 @needs_two
