@@ -22,10 +22,7 @@ import numpy as np
 
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_stored import (
-    dense_row,
-    f32,
-)
+from tern.kernels.kernels_stored import dense_row, f32
 from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
 from tern.kernels.ops import (
     F_A,

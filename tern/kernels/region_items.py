@@ -1,6 +1,6 @@
 """How the one-region step (tern.kernels.ops_region) shares a phase's work out: ``n_items``
-row ranges of a matrix (:func:`mat_phase`; the head and a MoE router: :func:`dense_phase`), a layer's chosen experts one per item (:func:`experts_phase`), the
-activation-skip down projection over output segments (:func:`skip_phase`), and the single
+row ranges of a matrix (:func:`mat_phase`; the head and a MoE router: :func:`dense_phase`),
+a layer's chosen experts one per item (:func:`experts_phase`), the activation-skip down projection over output segments (:func:`skip_phase`), and the single
 items the vector work between them runs in (:func:`solo` / :func:`end_solo`). Each item
 runs the single-thread kernels on its rows, so every row's arithmetic is the same as in
 tern.kernels.ops at any thread count."""
@@ -114,7 +114,6 @@ def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, ep
     return p + 1
 
 
-
 @numba.njit(cache=True)
 def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
     """Phase p: out (D,) = the activation-skip down projection (the transposed (H, D)
@@ -140,5 +139,5 @@ def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-         "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py")
+               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py")
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

@@ -1,7 +1,7 @@
 """MoE routing math of the engine (docs/MODEL.md), in numba: the softmax (also the
 attention's) and the top-k choice of experts (:func:`pick_experts`). tern.kernels.ops.route
-reads the router and calls it (the one-region step reads the router in row ranges first); the training model's torch routing (tern.train.model.moe.route) has the same
-tie rule."""
+reads the router and calls it (the one-region step reads the router in row ranges first);
+the training model's torch routing (tern.train.model.moe.route) has the same tie rule."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from tern.kernels import ops, ops_region
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.region_items import REGION_DEPS
 
 
 def time_steps(engine: Any, tokens: np.ndarray) -> float:
@@ -65,6 +66,5 @@ def time_in_numba(engine: Any, tokens: np.ndarray) -> float:
 
 # numba cache hygiene: the loops above are cached with the engine's token steps compiled into
 # them, so a change to any engine file must drop them (before, they kept running the old step)
-drop_stale_cache(__file__, tuple(f"../kernels/{f}" for f in (
-    "ops.py", "ops_region.py", "region_items.py", "region.py", "routing.py", "kernels_ternary.py", "kernels_b3.py",
-    "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py")), _token_loop)
+drop_stale_cache(__file__, tuple(f"../kernels/{f}" for f in REGION_DEPS + ("ops_region.py", "region_items.py")),
+                 _token_loop)
