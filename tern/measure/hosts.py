@@ -32,6 +32,7 @@ from tern.core.host_queries import effective_llc_bytes
 from tern.core.paths import repo_root
 from tern.core.records import atomic_write_json, read_jsonl, run_metadata
 from tern.kernels.policy import EnginePolicy
+from tern.predict.pools import decoded_context
 from tern.predict.roofline import predict
 
 TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within"
@@ -129,7 +130,9 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
     out = []
     for r in rows:
         cfg = ModelConfig.from_dict(r["config"])
-        p = predict(cfg, host, int(r["threads"]), engine_policy=EnginePolicy.of_record(r))  # as it was measured
+        # as it was measured: its engine, and the mean context of its runs (each from a reset)
+        ctx = decoded_context(int(r["tokens"]), cfg.attn_window) if r.get("tokens") else None
+        p = predict(cfg, host, int(r["threads"]), context=ctx, engine_policy=EnginePolicy.of_record(r))
         llc = effective_llc_bytes(host, int(r["threads"]))
         out.append({"name": r["name"], "family": r.get("family"), "threads": int(r["threads"]),
                     "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,

@@ -16,6 +16,7 @@ from tern.core.host_profile import HostProfile
 from tern.core.host_queries import cache_marks
 from tern.core.records import read_jsonl
 from tern.measure.verdict import speed_checks
+from tern.predict.pools import decoded_context
 from tern.predict.roofline import predict
 
 
@@ -51,14 +52,16 @@ def _bytes_log_axis(ax: Any, values: list[float]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def predicted_curve(base: ModelConfig, host: HostProfile, threads: int, experts: list[int]
-                    ) -> tuple[list[int], list[float]]:
-    """(total bytes, predicted tok/s) for ``base`` with each routed-expert count."""
+def predicted_curve(base: ModelConfig, host: HostProfile, threads: int, experts: list[int],
+                    tokens: int | None = None) -> tuple[list[int], list[float]]:
+    """(total bytes, predicted tok/s) for ``base`` with each routed-expert count, at the mean
+    context of runs of ``tokens`` from a reset (as the sweep measured; None: a full window)."""
+    ctx = None if tokens is None else decoded_context(tokens, base.attn_window)
     xs, ys = [], []
     for e in experts:
         cfg = base.replace(n_experts=e)
         xs.append(param_counts(cfg).total.bytes)
-        ys.append(predict(cfg, host, threads=threads).tok_per_s)
+        ys.append(predict(cfg, host, threads=threads, context=ctx).tok_per_s)
     return xs, ys
 
 
@@ -76,7 +79,7 @@ def plot_fixed_active(rows: list[dict[str, Any]], host: HostProfile) -> Figure:
         base = ModelConfig.from_dict(pts[0]["config"])
         lo, hi = min(r["config"]["n_experts"] for r in pts), max(r["config"]["n_experts"] for r in pts)
         grid = sorted({max(base.top_k, int(round(lo * (hi / lo) ** (i / 40)))) for i in range(41)})
-        xs, ys = predicted_curve(base, host, t, grid)
+        xs, ys = predicted_curve(base, host, t, grid, pts[0].get("tokens"))
         ax.plot(xs, ys, "-", color="C0", label=f"predicted ({host.label[:28]})")
         med = [r["tok_per_s"] for r in pts]
         err = [[r["tok_per_s"] - r.get("tok_per_s_min", r["tok_per_s"]) for r in pts],

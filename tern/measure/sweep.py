@@ -203,10 +203,14 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
 
 
 def predicted(cfg: ModelConfig, host: HostProfile, threads: int,
-              engine_policy: EnginePolicy | None = None) -> dict[str, Any]:
+              engine_policy: EnginePolicy | None = None, tokens: int | None = None) -> dict[str, Any]:
+    """The prediction beside a measured point: at the mean context of a run of ``tokens``
+    decoded from a reset (tern.predict.pools.decoded_context; None: a full window)."""
+    from tern.predict.pools import decoded_context
     from tern.predict.roofline import predict
 
-    p = predict(cfg, host, threads=threads, engine_policy=engine_policy)
+    ctx = None if tokens is None else decoded_context(tokens, cfg.attn_window)
+    p = predict(cfg, host, threads=threads, context=ctx, engine_policy=engine_policy)
     return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
             "hot_bytes": p.hot_bytes, "predicted_model": p.model,
             "predicted_compute_s": p.resident.compute_s + p.streamed.compute_s,
@@ -259,7 +263,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
         if p.key in done:  # the measurement is reused; the prediction is this host's, now
-            row = {**done[p.key], **predicted(p.config, host, p.threads, EnginePolicy.of_record(done[p.key])),
+            row = {**done[p.key], **predicted(p.config, host, p.threads, EnginePolicy.of_record(done[p.key]), p.tokens),
                    "host_label": host.label, "reused": True}
             row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]
             rows.append(row)
@@ -282,7 +286,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
             **{k: m[k] for k in ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "repeats",
                                  "samples_tok_per_s", "runs_per_sample", "peak_rss_bytes") if k in m},
             **now,
-            **predicted(p.config, host, p.threads, policy), "host_label": host.label,
+            **predicted(p.config, host, p.threads, policy, p.tokens), "host_label": host.label,
             "engine_policy": policy.to_dict(),  # what the measuring engine split over threads
             "measure_wall_s": time.perf_counter() - t0, **run_metadata(p.threads),
         }
@@ -374,6 +378,7 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
     ``per_token_overhead_s_t{t}``, ``bandwidth_efficiency_t{t}``; the plain keys hold t=1."""
     from dataclasses import replace
 
+    from tern.predict.pools import decoded_context
     from tern.predict.roofline import predict
 
     bare = replace(host, calibration={})
@@ -381,7 +386,8 @@ def calibrate(host: HostProfile, models_dir: str | Path, threads: Iterable[int] 
     for t in threads:
         tiny_pt, dram_pt = calibration_points(t, quick)
         m_tiny = measure(ensure_model(tiny_pt.config, Path(models_dir)), tiny_pt)
-        over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t).s_per_token)
+        ctx = decoded_context(tiny_pt.tokens, tiny_pt.config.attn_window)  # as the point decoded
+        over = max(0.0, 1.0 / m_tiny["tok_per_s"] - predict(tiny_pt.config, bare, threads=t, context=ctx).s_per_token)
         if host.op_curves:  # the kernels' own DRAM rates are measured: no efficiency to fit
             eff = 1.0
         else:

@@ -61,6 +61,22 @@ class TwoPool:
         return self.resident_bytes + self.expert_bytes_total + self.state_bytes + self.kv_bytes
 
 
+def decoded_context(tokens: int, window: int) -> int:
+    """Mean attention positions per token of a run of ``tokens`` decoded from a reset state
+    with a window of ``window``: token i (from 0) attends over min(i + 1, window) cached
+    positions, and a token's attention time and cache bytes are linear in them, so the run's
+    mean time per token is the time at this mean (rounded to a whole position). What a
+    prediction compared with such a run must price (tern.measure.sweep and the probe's engine
+    runs decode 64 / 128 tokens from a reset; a full window is the steady state of a long
+    generation, the default of :func:`two_pool`)."""
+    for name, v in (("tokens", tokens), ("window", window)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    n = min(tokens, window)  # tokens 0 .. n-1 see 1 .. n positions, the rest a full window
+    total = n * (n + 1) // 2 + (tokens - n) * window
+    return (2 * total + tokens) // (2 * tokens)  # round half up
+
+
 def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None,
              engine_policy: EnginePolicy = CURRENT_POLICY) -> TwoPool:
     """The pools of ``cfg`` at ``context`` positions of attention cache (None: a full

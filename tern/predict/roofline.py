@@ -105,7 +105,7 @@ from tern.predict.inventory import (
     work_inventory,
     work_seconds,
 )
-from tern.predict.pools import TwoPool, two_pool, two_pool_from_params
+from tern.predict.pools import TwoPool, decoded_context, two_pool, two_pool_from_params
 
 POLICIES = ("reuse", "whole")
 OP_COST_WORKING_SET = 256 * 1024  # bytes: the op costs were timed on data about this size (L2)
@@ -192,7 +192,8 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     llc, measured_by = engine_llc_bytes(host), host_engine_policy(host)  # the probe's runs: its engine
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
-        p = predict_pools(two_pool(cfg, cfg.attn_window, llc, measured_by), host, t, _engine=(0.0, 1.0))
+        ctx = decoded_context(r.tokens, cfg.attn_window)  # each run decodes from a reset
+        p = predict_pools(two_pool(cfg, ctx, llc, measured_by), host, t, _engine=(0.0, 1.0))
         compute = p.resident.compute_s + p.streamed.compute_s
         stall = p.resident.stall_s + p.streamed.stall_s
         if compute > 0:

@@ -42,7 +42,18 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # (4m-e74 0.67, 30m-e14 0.72). Its probe fitted a region phase at 1.19 us (fit error 19 %)
     # where the first commit of this host fitted 1.69, with no read or kernel drift beside the
     # points (median ratios 0.98-1.02): the phase cost of this VM is not stable between probes
-    "intel-xeon-amx-s15": (0.94, 0.111, "Intel, session 15 engine: 2-thread points 12.9 % median, region phase fit"),
+    # Since session 19 every row is predicted at the mean context its runs decoded (64 tokens
+    # from a reset: 33 positions, was a full window of 128): faster predictions, so the
+    # small models' 2-thread points that already ran slower than predicted miss more
+    # (47 -> 45 of its 50 sweep points within +-20 %, median |error| 11.1 -> 11.7 %)
+    "intel-xeon-amx-s15": (0.90, 0.117, "Intel, session 15 engine: 2-thread points 12.9 % median, region phase fit"),
+    # the same VM, session 19's engine (router split, masked-code row dot), fresh probe and
+    # sweep: 44 / 50 within, median 8.6 %; the 1-thread DRAM-bound points run 1.13-1.26x
+    # their predictions and the 2-thread ones 0.82-0.95x. The probe's DRAM points of the
+    # 4-row pass's curves are not stable between processes here: 1024 x 1024 matrices over
+    # 512 MiB read at 9.2 GB/s in this probe, 10.6 and 17.0 in two curve-only re-runs the
+    # same hour (its engine decodes the 10B pick as if at ~12-16), so the stall is overpriced
+    "intel-xeon-amx-s19": (0.88, 0.086, "Intel, session 19 engine: 1-thread DRAM points 1.13-1.26x, unstable DRAM curve"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -57,10 +68,18 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # one-size curves say (measured 81 / 109 tok/s, predicted 101 / 148 on the native host)
     ("amd-epyc-zen4-avx2", "d1024-L24-E256k4-h512", 2): 0.190,
     # the Intel SSE4.2 build (above): 105m at 1 thread measured 244 tok/s, predicted 206
-    ("intel-xeon-amx-sse42", "105m", 1): 0.185,
+    # (205 since the probe's engine runs are priced at the context they decoded, session 19,
+    # which raised this build's engine-context factor: 105m / 206m at 2 threads went from
+    # 1.149 / 1.140 to 1.153 / 1.154 of their predictions)
+    ("intel-xeon-amx-sse42", "105m", 1): 0.194,
+    ("intel-xeon-amx-sse42", "105m", 2): 0.153,
+    ("intel-xeon-amx-sse42", "206m", 2): 0.154,
     # the Intel VM with session 15's engine (above): 206m at 2 threads measured 2,047 tok/s,
     # predicted 2,452
     ("intel-xeon-amx-s15", "206m", 2): 0.165,
+    # the Intel VM with session 19's engine (above): the 10B pick at 1 thread measured
+    # 146.9 tok/s, predicted 118.3 (its DRAM stall priced from the slow curve)
+    ("intel-xeon-amx-s19", "d1024-L24-E256k2-h512", 1): 0.241,
 }
 
 
@@ -206,3 +225,23 @@ def test_drift_of_the_host_is_reported_beside_the_verdict():
     assert "kernel speed 0.70x" in verdict_text(accuracy_report(slow_cores))
     assert drift_summary([{"ratio": 1.0}]) is None  # rows measured before the host was timed beside them
     assert accuracy_report([{"name": "a", "threads": 1, "ratio": 1.0, "region": "DRAM-bound"}])["host_drift"] is None
+
+
+def test_a_measured_row_is_predicted_at_the_context_it_decoded():
+    """A sweep row decodes ``tokens`` from a reset: it is re-predicted at their mean context,
+    which for a model with attention is faster than at a full window (and a row without
+    ``tokens`` still prices a full window)."""
+    from tern.core.config import ModelConfig
+    from tern.measure.sweep import predicted
+    from tern.predict.roofline import predict, synthetic_profile
+
+    host = synthetic_profile(1 << 20, 100.0, 20.0)
+    cfg = ModelConfig(name="tiny", vocab_size=16, d_model=8, n_layers=2, attn_layers=(1,), n_heads=2,
+                      attn_window=4096)
+    row = {"name": "x", "family": "fixed_active", "threads": 1, "tok_per_s": 1.0, "config": cfg.to_dict()}
+    full = repredict([row], host)[0]["predicted_tok_per_s"]
+    short = repredict([{**row, "tokens": 8}], host)[0]["predicted_tok_per_s"]
+    assert short > full
+    assert short == pytest.approx(predict(cfg, host, 1, context=5).tok_per_s)  # (1 + ... + 8) / 8 = 4.5 -> 5
+    assert predicted(cfg, host, 1, tokens=8)["predicted_tok_per_s"] == pytest.approx(short)
+    assert predicted(cfg, host, 1)["predicted_tok_per_s"] == pytest.approx(full)

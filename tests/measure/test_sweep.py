@@ -90,7 +90,7 @@ def test_sweep_rows_record_and_price_the_policy_their_engine_ran(tmp_path):
     got = run_sweep([pt], tmp_path / "rec.jsonl", tmp_path / "m", h, progress=False, read_now=None, kernel_now=None,
                     measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3, "engine_policy": region.to_dict()})
     assert EnginePolicy.of_record(got[0]) == region
-    assert got[0]["predicted_tok_per_s"] == pytest.approx(sw.predicted(TINY, h, 2, region)["predicted_tok_per_s"])
+    assert got[0]["predicted_tok_per_s"] == pytest.approx(sw.predicted(TINY, h, 2, region, 4)["predicted_tok_per_s"])
     again = run_sweep([pt], tmp_path / "rec.jsonl", tmp_path / "m", h, progress=False, read_now=None, kernel_now=None)
     assert again[0]["reused"] and again[0]["predicted_tok_per_s"] == pytest.approx(got[0]["predicted_tok_per_s"])
     plain = run_sweep([SweepPoint("fixed_active", "t", TINY, 2, tokens=4)], tmp_path / "rec2.jsonl", tmp_path / "m",

@@ -345,3 +345,19 @@ def test_with_dram_bandwidth_rescales_only_the_dram_part():
     assert predict(big, now).tok_per_s > 1.5 * predict(big, host).tok_per_s
     with pytest.raises(ValueError, match="gbps"):
         with_dram_bandwidth(host, 1, 0.0)
+
+
+def test_decoded_context_is_the_mean_attended_positions_of_a_run_from_reset():
+    from tern.predict.pools import decoded_context
+
+    # token i attends over min(i + 1, window) positions; the mean, rounded half up
+    assert decoded_context(1, 128) == 1
+    assert decoded_context(4, 128) == 3  # (1 + 2 + 3 + 4) / 4 = 2.5
+    assert decoded_context(64, 128) == 33  # 65 / 2 = 32.5
+    assert decoded_context(6, 4) == 3  # (1 + 2 + 3 + 4 + 4 + 4) / 6 = 3.0
+    assert decoded_context(7, 4) == 3  # 22 / 7 = 3.14
+    assert decoded_context(10_000, 4) == 4  # a long run: the full window
+    for bad in ((0, 4), (4, 0), (2.5, 4), (True, 4)):
+        with pytest.raises(ValueError):
+            decoded_context(*bad)
+
