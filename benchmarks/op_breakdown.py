@@ -117,7 +117,7 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
         ops.selective_scan_step(ops.f32(buf, aux, T[l, ops.F_DT_W], R * Di).reshape(R, Di),
                                 ops.f32(buf, aux, T[l, ops.F_DT_B], Di),
                                 ops.f32(buf, aux, T[l, ops.F_A], N * Di).reshape(N, Di),
-                                ops.f32(buf, aux, T[l, ops.F_D], Di), ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
+                                ops.f32(buf, aux, T[l, ops.F_D], Di), ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
         t = _lap(t, acc, C_SCAN)
         xs = ops.quant(G, y, xq, xd, eps)
         t = _lap(t, acc, C_QUANT)

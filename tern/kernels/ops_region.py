@@ -101,6 +101,8 @@ from tern.kernels.region_items import (
     experts_phase,
     mat_phase,
     n_items,
+    scan_items,
+    scan_phase,
     skip_phase,
     solo,
 )
@@ -121,7 +123,7 @@ def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
-                        router_int8=True, region_router_split=True)
+                        router_int8=True, region_router_split=True, region_scan_split=True)
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)
@@ -130,9 +132,10 @@ ENGINE_POLICY = run_policy(PAR_MIN_WEIGHTS, (REGION_MIN_WEIGHTS, REGION_ITEMS_PE
 
 def phases_bound(LI: np.ndarray) -> int:
     """Phases a token can take at most (counters to allocate): the embedding, per layer at
-    most 6 for the mixer, 1 for its residual, 4 per shared expert and 6 for the routed
-    experts (the router, the routing, then a down projection is one phase, split or not), the head's 2."""
-    return 1 + sum(13 + 4 * int(n) for n in LI[:, L_NSH]) + 2
+    most 7 for the mixer (an SSM's split scan adds one), 1 for its residual, 4 per shared
+    expert and 6 for the routed experts (the router, the routing, then a down projection is
+    one phase, split or not), the head's 2."""
+    return 1 + sum(14 + 4 * int(n) for n in LI[:, L_NSH]) + 2
 
 
 PEND_EO, PEND_X = 1, 2  # work deferred to the next single-item phase: acc += eo, x += acc
@@ -174,12 +177,16 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
         p = end_solo(ctr, p, mine)
         p = mat_phase(ctr, p, n_items(G, rp, R + 2 * N, Di), buf, aux, Gs, T[l, F_XP], T[l, F_XP_S], R + 2 * N,
                       Di, xq, scal[S_MIX], xd, dbc, -1, -1, dbc)
+        dtwT = f32(buf, aux, T[l, F_DT_W], R * Di).reshape(R, Di)
+        AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
+        dtb, Dp = f32(buf, aux, T[l, F_DT_B], Di), f32(buf, aux, T[l, F_D], Di)
+        ns = scan_items(G, Di, R, N)
+        if ns > 1:  # channel ranges on every thread, then the output's quantization
+            p = scan_phase(ctr, p, ns, dtwT, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
         mine = solo(ctr, p)
         if mine:
-            dtwT = f32(buf, aux, T[l, F_DT_W], R * Di).reshape(R, Di)
-            AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
-            ops.selective_scan_step(dtwT, f32(buf, aux, T[l, F_DT_B], Di), AT, f32(buf, aux, T[l, F_D], Di),
-                                    ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
+            if ns == 1:
+                ops.selective_scan_step(dtwT, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
             scal[S_MIX] = ops.quant(G, y, xq, xd, eps)
         p = end_solo(ctr, p, mine)
         return mat_phase(ctr, p, n_items(G, rp, D, Di), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, Di,

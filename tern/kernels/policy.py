@@ -50,6 +50,15 @@ PAR_MIN_WEIGHTS = 1 << 20
 REGION_MIN_WEIGHTS = 1 << 14
 REGION_ITEMS_PER_THREAD = 1
 REGION_ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes stay whole)
+# The one-region step splits an SSM layer's selective scan over its channels (one item per
+# thread, then the quantization of its output as a single item) from this many weights of dt
+# projection and state, Di x (dt_rank + d_state); below it the scan stays one item. Intel Xeon
+# VM (session 19, 2 threads, 3 interleaved rounds against the engine before, tok/s): the 10B
+# candidate d2048-L12-E64k1-h2048 (11 SSM layers of Di 4096 x (128 + 16)) 145.5 / 143.3 / 158.7
+# -> 169.9 / 172.7 / 163.1, the 10B pick d1024-L24-E128k2-h1024 (21 of 2048 x (64 + 16)) 222.8 /
+# 244.4 / 228.4 -> 240.1 / 255.7 / 251.5; the sandbox (512 x 32, not split) 5,435 / 4,934 / 5,253
+# -> 5,215 / 5,486 / 5,290. Smaller scans were not measured split (a phase costs ~1-2 us).
+REGION_SCAN_MIN_WEIGHTS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,9 @@ class EnginePolicy:
     ``region_skip_split`` (its SIMD skip kernel), the activation-skip down projections over
     256-output segments and, with ``region_router_split``, a MoE router's rows over items of a
     phase of their own (the top-k choice after it; engines before ran the router in the
-    routing item, on one thread). ``router_int8``: an int8 router is read from the file at 1 byte a
+    routing item, on one thread) and, with ``region_scan_split``, an SSM layer's selective scan
+    over its channels, one item per thread, from REGION_SCAN_MIN_WEIGHTS (engines before ran
+    it in one item). ``router_int8``: an int8 router is read from the file at 1 byte a
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
     routers to an fp32 table at load and read 4 (so their rows are priced that way)."""
 
@@ -75,6 +86,7 @@ class EnginePolicy:
     region_skip_split: bool = False
     router_int8: bool = False
     region_router_split: bool = False
+    region_scan_split: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -113,7 +125,8 @@ class EnginePolicy:
 
 # today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
-CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True)
+CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True,
+                              region_scan_split=True)
 PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 

@@ -14,7 +14,7 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, f32, router_logits, u8
 from tern.kernels.kernels_ternary import SEG_BYTES, _skip_segments, skip_groups
 from tern.kernels.ops import G_D, G_THREADS
-from tern.kernels.policy import REGION_ROW_ALIGN
+from tern.kernels.policy import REGION_ROW_ALIGN, REGION_SCAN_MIN_WEIGHTS
 from tern.kernels.region import claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
@@ -135,6 +135,36 @@ def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
     wait_done(ctr, p, n)
     return p + 1
 
+
+
+SCAN_ALIGN = 64  # channels per scan item boundary: a multiple of every vector loop's step, so each
+# channel's arithmetic is the same whichever item runs it (no scalar remainder loop)
+
+
+@numba.njit(cache=True, inline="always")
+def scan_items(G, Di, R, N):
+    """Items the selective scan of a layer is split into: one per thread from
+    REGION_SCAN_MIN_WEIGHTS weights of dt projection and state (Di x (R + N)), else 1."""
+    if Di * (R + N) < REGION_SCAN_MIN_WEIGHTS:
+        return 1
+    return max(1, min(G[G_THREADS], Di // SCAN_ALIGN))
+
+
+@numba.njit(cache=True)
+def scan_phase(ctr, p, n, dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
+    """Phase p: the selective-scan step (ops.selective_scan_step) in n items of whole
+    SCAN_ALIGN-channel ranges (channels are independent: the same values as one item)."""
+    Di = AT.shape[1]
+    while True:
+        i = claim(ctr, p)
+        if i >= n:
+            break
+        c0, c1 = item_rows(Di, n, i, SCAN_ALIGN)
+        if c1 > c0:
+            ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
+        finish(ctr, p)
+    wait_done(ctr, p, n)
+    return p + 1
 
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)

@@ -26,7 +26,6 @@ from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
 from tern.kernels.policy import (
     CURRENT_POLICY,
-    REGION_MIN_WEIGHTS,
     REGION_ROW_ALIGN,
     SEGMENT_COLS,
     STREAM_MAX_ROW_BYTES,
@@ -34,6 +33,7 @@ from tern.kernels.policy import (
     act_skip_applies,
     stream_row_bytes,
 )
+from tern.predict.phases import region_phases, scan_split
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
@@ -213,7 +213,9 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
             _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb, policy=policy)  # in_proj
             _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
             _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb, policy=policy)  # x_proj
-            _add(res, "ssm_step", 1, Di * R, Di * N, Di)  # dt projection (Di x R) + scan (Di x N) + channels
+            # dt projection (Di x R) + scan (Di x N) + channels; split over channels by the one-region step
+            scan = WorkKey("ssm_step", "items") if scan_split(cfg, policy) else WorkKey("ssm_step")
+            _add(res, scan, 1, Di * R, Di * N, Di)
             _matvec(res, cfg.mixer_format, D, Di, 1, srb, policy=policy)  # out_proj
         else:
             _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb, policy=policy)  # q, k, v
@@ -241,37 +243,12 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     _matvec(res, head_fmt, cfg.vocab_size, D, policy=policy)
     if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
         _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
-             region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights))
+             region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights,
+                           policy.region_scan_split))
     return WorkInventory(res, st, skip_res, skip_st)
 
 
 REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its phases (units)
-
-
-def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False,
-                  min_weights: int = REGION_MIN_WEIGHTS) -> int:
-    """Phases one token walks in the one-region step (tern.kernels.ops_region; it records
-    the count it used, and the tests hold the two equal): the embedding; per layer the
-    mixer's (an SSM 6, attention 4) and the FFN input's norm; per gated MLP gate + up, its
-    activation and, unless the activation skip runs inside that item (its plain form,
-    ``skip_split`` False), the down projection; a MoE layer's router (``router_split``: a
-    phase when it splits, at least ``min_weights`` weights and 17 rows) and routing, then its one chosen
-    expert's MLP and the weighted add, or the chosen experts as one phase and their sum;
-    a settle between shared experts; the final norm and the head."""
-    def mlp(fmt: str) -> int:
-        inside = get_format(fmt).ternary and act_skip_applies(cfg.activation) and not skip_split
-        return 2 if inside else 3
-
-    n = 1
-    for layer in range(cfg.n_layers):
-        n += (6 if cfg.mixer(layer) == "ssm" else 4) + 1
-        if cfg.is_moe(layer):
-            n += cfg.n_shared * mlp(cfg.mlp_format) + max(cfg.n_shared - 1, 0) + 1
-            n += int(router_split and cfg.n_experts * cfg.d_model >= min_weights and cfg.n_experts > REGION_ROW_ALIGN)
-            n += (mlp(cfg.expert_format) + 1) if cfg.top_k == 1 else 2  # top-1: its MLP + the add
-        elif cfg.mlp_hidden:
-            n += mlp(cfg.mlp_format)
-    return n + 2
 
 
 # weight bytes read per unit of each matrix op (units are weights; the others read state)

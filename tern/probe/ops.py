@@ -135,7 +135,7 @@ def _drivers():
     @numba.njit(cache=True)
     def ssm(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, count):
         for _ in range(count):
-            ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y)
+            ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
 
     @numba.njit(cache=True)
     def attn(q, kc, vc, t, NH, sc, y, count):

@@ -184,3 +184,34 @@ def test_router_rows_are_items_only_for_engines_that_split_them():
     small = cfg.replace(n_experts=16)  # 16 rows: one item, in the routing item as before
     assert region_phases(small, True, True) == region_phases(small, True, False)
     assert EnginePolicy.of_record({"engine_policy": {"region": True}}).region_router_split is False
+
+
+def test_ssm_scans_are_items_only_for_engines_that_split_them():
+    """The one-region step splits an SSM layer's selective scan over its channels from
+    REGION_SCAN_MIN_WEIGHTS of d_inner x (dt_rank + d_state) (one more phase per SSM layer);
+    rows of engines before it price the scan on one thread, and small scans stay whole."""
+    from tern.kernels.policy import REGION_SCAN_MIN_WEIGHTS
+    from tern.predict.inventory import scan_split
+
+    big = load_config("sandbox").replace(d_model=1024, n_heads=8)  # d_inner 2048 x (64 + 16)
+    small = load_config("sandbox")
+    assert big.d_inner * (big.dt_rank_eff + big.d_state) >= REGION_SCAN_MIN_WEIGHTS
+    assert small.d_inner * (small.dt_rank_eff + small.d_state) < REGION_SCAN_MIN_WEIGHTS
+
+    def scan_splits(c, policy):
+        res, _, _, _ = work_inventory(c, policy=policy)
+        return {k.split for k in res if k.op == "ssm_step"}
+
+    before = dataclasses.replace(CURRENT_POLICY, region_scan_split=False)
+    assert scan_splits(big, CURRENT_POLICY) == {"items"} and scan_splits(big, before) == {"serial"}
+    assert scan_splits(small, CURRENT_POLICY) == {"serial"}
+    assert scan_split(big, CURRENT_POLICY) and not scan_split(big, before) and not scan_split(small, CURRENT_POLICY)
+    n_ssm = sum(big.mixer(i) == "ssm" for i in range(big.n_layers))
+    assert region_phases(big, True, True, scan=True) == region_phases(big, True, True) + n_ssm > 0
+    assert region_phases(small, True, True, scan=True) == region_phases(small, True, True)
+    assert EnginePolicy.of_record({"engine_policy": {"region": True}}).region_scan_split is False
+    # priced at 2 threads: the split scan's op time is half the whole one's plus a call
+    host = _host()
+    whole = work_breakdown(work_inventory(big, policy=before)[0], host, 2)["ssm_step"]
+    split = work_breakdown(work_inventory(big, policy=CURRENT_POLICY)[0], host, 2)["ssm_step"]
+    assert split < 0.6 * whole

@@ -34,6 +34,10 @@ VARIANTS = {
     # segments, the last partial
     "skipwide": (SMALL.replace(d_model=640, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
                                vocab_size=300), {}),
+    # an SSM layer whose selective scan splits over channels (d_inner 2048 x (dt_rank 64 +
+    # d_state 16) >= tern.kernels.policy.REGION_SCAN_MIN_WEIGHTS): one channel range per thread
+    "scan_split": (SMALL.replace(d_model=1024, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
+                                 vocab_size=300), {}),
     "wide": (SMALL.replace(d_model=256, mlp_hidden=768, vocab_size=1000, expert_hidden=128, shared_hidden=128,
                            n_heads=8, head_format="fp16", embed_format="fp16"), dict(stream="on")),
 }
@@ -75,7 +79,9 @@ def test_region_logits_identical_to_one_thread(files, variant):
     used = int(eng.fused_call()[2][-1][-1])
     assert 0 < used <= ops_region.phases_bound(eng.LI)
     if kw.get("kernel", "ternary") == "ternary" and kw.get("moe_skip", True):  # the predictor counts the same
-        assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS, ops_region.ENGINE_POLICY.region_router_split), variant
+        pol = ops_region.ENGINE_POLICY
+        assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS, pol.region_router_split,
+                                     scan=pol.region_scan_split), variant
 
 
 @needs_two
