@@ -169,5 +169,5 @@ def scan_phase(ctr, p, n, dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py")
+               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py")  # policy: REGION_ROW_ALIGN, REGION_SCAN_MIN_WEIGHTS are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)
