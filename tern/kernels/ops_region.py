@@ -10,8 +10,9 @@ together (tern.kernels.region: claimed items, a wait between dependent phases): 
 matrix of at least ``min_weights`` weights is split into row ranges (``items_per_thread``
 per thread), a MoE layer's chosen experts are items of one phase (one expert per item, the
 single-thread kernels; a single chosen expert's matrices are split like the others), and
-the vector work between matrices (norms, quantization, attention, the SSM scan, gating,
-residuals) is one item that one thread runs while the others wait. A row range is the same matrix at an address further on (``ops.mat_bytes``),
+the vector work between matrices (norms, quantization, attention, gating, residuals; the
+SSM scan of a small layer) is one item that one thread runs while the others wait; a large
+SSM layer's scan is split over its channels (tern.kernels.region_items.scan_phase). A row range is the same matrix at an address further on (``ops.mat_bytes``),
 read by the single-thread kernels with the globals of ``Gs`` (G with G_PAR = 0).
 """
 

@@ -1,6 +1,7 @@
 """How the one-region step (tern.kernels.ops_region) shares a phase's work out: ``n_items``
 row ranges of a matrix (:func:`mat_phase`; the head and a MoE router: :func:`dense_phase`),
-a layer's chosen experts one per item (:func:`experts_phase`), the activation-skip down projection over output segments (:func:`skip_phase`), and the single
+a layer's chosen experts one per item (:func:`experts_phase`), the activation-skip down projection over output segments (:func:`skip_phase`),
+an SSM layer's selective scan over channel ranges (:func:`scan_phase`), and the single
 items the vector work between them runs in (:func:`solo` / :func:`end_solo`). Each item
 runs the single-thread kernels on its rows, so every row's arithmetic is the same as in
 tern.kernels.ops at any thread count."""
@@ -136,7 +137,6 @@ def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
     return p + 1
 
 
-
 SCAN_ALIGN = 64  # channels per scan item boundary: a multiple of every vector loop's step, so each
 # channel's arithmetic is the same whichever item runs it (no scalar remainder loop)
 
@@ -165,6 +165,7 @@ def scan_phase(ctr, p, n, dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
         finish(ctr, p)
     wait_done(ctr, p, n)
     return p + 1
+
 
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
