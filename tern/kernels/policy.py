@@ -59,6 +59,9 @@ REGION_ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes 
 # 244.4 / 228.4 -> 240.1 / 255.7 / 251.5; the sandbox (512 x 32, not split) 5,435 / 4,934 / 5,253
 # -> 5,215 / 5,486 / 5,290. Smaller scans were not measured split (a phase costs ~1-2 us).
 REGION_SCAN_MIN_WEIGHTS = 1 << 17
+# channels per scan item boundary: a multiple of every vector loop's step, so each channel's
+# arithmetic is the same whichever item runs it (no scalar remainder loop)
+REGION_SCAN_ALIGN = 64
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, f32, router_logits, u8
 from tern.kernels.kernels_ternary import SEG_BYTES, _skip_segments, skip_groups
 from tern.kernels.ops import G_D, G_THREADS
-from tern.kernels.policy import REGION_ROW_ALIGN, REGION_SCAN_MIN_WEIGHTS
+from tern.kernels.policy import REGION_ROW_ALIGN, REGION_SCAN_ALIGN, REGION_SCAN_MIN_WEIGHTS
 from tern.kernels.region import claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
@@ -137,29 +137,25 @@ def skip_phase(ctr, p, n, buf, aux, w_addr, s_addr, D, H, hq, hs, out):
     return p + 1
 
 
-SCAN_ALIGN = 64  # channels per scan item boundary: a multiple of every vector loop's step, so each
-# channel's arithmetic is the same whichever item runs it (no scalar remainder loop)
-
-
 @numba.njit(cache=True, inline="always")
 def scan_items(G, Di, R, N):
     """Items the selective scan of a layer is split into: one per thread from
     REGION_SCAN_MIN_WEIGHTS weights of dt projection and state (Di x (R + N)), else 1."""
     if Di * (R + N) < REGION_SCAN_MIN_WEIGHTS:
         return 1
-    return max(1, min(G[G_THREADS], Di // SCAN_ALIGN))
+    return max(1, min(G[G_THREADS], Di // REGION_SCAN_ALIGN))
 
 
 @numba.njit(cache=True)
 def scan_phase(ctr, p, n, dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
     """Phase p: the selective-scan step (ops.selective_scan_step) in n items of whole
-    SCAN_ALIGN-channel ranges (channels are independent: the same values as one item)."""
+    REGION_SCAN_ALIGN-channel ranges (channels are independent: the same values as one item)."""
     Di = AT.shape[1]
     while True:
         i = claim(ctr, p)
         if i >= n:
             break
-        c0, c1 = item_rows(Di, n, i, SCAN_ALIGN)
+        c0, c1 = item_rows(Di, n, i, REGION_SCAN_ALIGN)
         if c1 > c0:
             ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
         finish(ctr, p)
@@ -170,5 +166,5 @@ def scan_phase(ctr, p, n, dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py")  # policy: REGION_ROW_ALIGN, REGION_SCAN_MIN_WEIGHTS are compiled in
+               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py")  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

@@ -131,7 +131,7 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
     for r in rows:
         cfg = ModelConfig.from_dict(r["config"])
         # as it was measured: its engine, and the mean context of its runs (each from a reset)
-        ctx = decoded_context(int(r["tokens"]), cfg.attn_window) if r.get("tokens") else None
+        ctx = decoded_context(r.get("tokens"), cfg.attn_window)
         p = predict(cfg, host, int(r["threads"]), context=ctx, engine_policy=EnginePolicy.of_record(r))
         llc = effective_llc_bytes(host, int(r["threads"]))
         out.append({"name": r["name"], "family": r.get("family"), "threads": int(r["threads"]),

@@ -56,7 +56,7 @@ def predicted_curve(base: ModelConfig, host: HostProfile, threads: int, experts:
                     tokens: int | None = None) -> tuple[list[int], list[float]]:
     """(total bytes, predicted tok/s) for ``base`` with each routed-expert count, at the mean
     context of runs of ``tokens`` from a reset (as the sweep measured; None: a full window)."""
-    ctx = None if tokens is None else decoded_context(tokens, base.attn_window)
+    ctx = decoded_context(tokens, base.attn_window)
     xs, ys = [], []
     for e in experts:
         cfg = base.replace(n_experts=e)

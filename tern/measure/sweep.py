@@ -209,8 +209,8 @@ def predicted(cfg: ModelConfig, host: HostProfile, threads: int,
     from tern.predict.pools import decoded_context
     from tern.predict.roofline import predict
 
-    ctx = None if tokens is None else decoded_context(tokens, cfg.attn_window)
-    p = predict(cfg, host, threads=threads, context=ctx, engine_policy=engine_policy)
+    p = predict(cfg, host, threads=threads, context=decoded_context(tokens, cfg.attn_window),
+                engine_policy=engine_policy)
     return {"predicted_tok_per_s": p.tok_per_s, "predicted_bound": p.bound,
             "hot_bytes": p.hot_bytes, "predicted_model": p.model,
             "predicted_compute_s": p.resident.compute_s + p.streamed.compute_s,

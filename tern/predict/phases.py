@@ -10,17 +10,24 @@ from tern.core.formats import get_format
 from tern.kernels.policy import (
     REGION_MIN_WEIGHTS,
     REGION_ROW_ALIGN,
+    REGION_SCAN_ALIGN,
     REGION_SCAN_MIN_WEIGHTS,
     EnginePolicy,
     act_skip_applies,
 )
 
 
-def scan_split(cfg: ModelConfig, policy: EnginePolicy) -> bool:
-    """Does the engine of ``policy`` split ``cfg``'s SSM scans over channels at threads > 1
-    (tern.kernels.region_items.scan_items: from REGION_SCAN_MIN_WEIGHTS of Di x (dt_rank + d_state))?"""
-    return (policy.region and policy.region_scan_split and cfg.d_inner >= 128
+def _scan_splits(cfg: ModelConfig) -> bool:
+    """Is ``cfg``'s SSM scan big enough for the one-region step to split it over channels at
+    2 threads (tern.kernels.region_items.scan_items, the same rule: REGION_SCAN_MIN_WEIGHTS
+    of Di x (dt_rank + d_state), and at least two REGION_SCAN_ALIGN-channel ranges)?"""
+    return (cfg.d_inner // REGION_SCAN_ALIGN >= 2
             and cfg.d_inner * (cfg.dt_rank_eff + cfg.d_state) >= REGION_SCAN_MIN_WEIGHTS)
+
+
+def scan_split(cfg: ModelConfig, policy: EnginePolicy) -> bool:
+    """Does the engine of ``policy`` split ``cfg``'s SSM scans over channels at threads > 1?"""
+    return policy.region and policy.region_scan_split and _scan_splits(cfg)
 
 
 def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False,
@@ -38,10 +45,10 @@ def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False
         inside = get_format(fmt).ternary and act_skip_applies(cfg.activation) and not skip_split
         return 2 if inside else 3
 
+    ssm = 6 + int(scan and _scan_splits(cfg))
     n = 1
     for layer in range(cfg.n_layers):
-        n += (6 + int(scan and scan_split(cfg, EnginePolicy(region=True, region_scan_split=True)))
-              if cfg.mixer(layer) == "ssm" else 4) + 1
+        n += (ssm if cfg.mixer(layer) == "ssm" else 4) + 1
         if cfg.is_moe(layer):
             n += cfg.n_shared * mlp(cfg.mlp_format) + max(cfg.n_shared - 1, 0) + 1
             n += int(router_split and cfg.n_experts * cfg.d_model >= min_weights and cfg.n_experts > REGION_ROW_ALIGN)

@@ -61,14 +61,17 @@ class TwoPool:
         return self.resident_bytes + self.expert_bytes_total + self.state_bytes + self.kv_bytes
 
 
-def decoded_context(tokens: int, window: int) -> int:
+def decoded_context(tokens: int | None, window: int) -> int | None:
     """Mean attention positions per token of a run of ``tokens`` decoded from a reset state
     with a window of ``window``: token i (from 0) attends over min(i + 1, window) cached
     positions, and a token's attention time and cache bytes are linear in them, so the run's
     mean time per token is the time at this mean (rounded to a whole position). What a
     prediction compared with such a run must price (tern.measure.sweep and the probe's engine
     runs decode 64 / 128 tokens from a reset; a full window is the steady state of a long
-    generation, the default of :func:`two_pool`)."""
+    generation, the default of :func:`two_pool`). ``tokens`` None (a row that does not say):
+    None, which every prediction reads as a full window."""
+    if tokens is None:
+        return None
     for name, v in (("tokens", tokens), ("window", window)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
