@@ -215,3 +215,11 @@ def test_ssm_scans_are_items_only_for_engines_that_split_them():
     whole = work_breakdown(work_inventory(big, policy=before)[0], host, 2)["ssm_step"]
     split = work_breakdown(work_inventory(big, policy=CURRENT_POLICY)[0], host, 2)["ssm_step"]
     assert split < 0.6 * whole
+
+
+def test_split_flags_refuse_what_is_not_a_bool():
+    for bad in (dict(region_scan_split=1), dict(region_scan_split="yes"), dict(region_router_split=None)):
+        with pytest.raises(ValueError, match="EnginePolicy.region_"):
+            EnginePolicy(**bad)
+    with pytest.raises(ValueError, match="engine_policy must be a dict"):
+        EnginePolicy.of_record({"engine_policy": {"region": True, "region_scan_splits": True}})  # a misspelt field
