@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         render = getattr(mod, "cli_render", render_default)
         print(render(result))
-    return 0
+    exit_code = getattr(mod, "cli_exit", None)  # a command whose result can say it failed
+    return exit_code(result) if exit_code else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,3 +40,8 @@ def cli_render(result: dict[str, Any]) -> str:
              for r in result["notebooks"]]
     lines.append(f"report: {result['index']}  ({result['wall_s']:.0f} s)")
     return "\n".join(lines)
+
+
+def cli_exit(result: dict[str, Any]) -> int:
+    """1 when a notebook failed (the report is still written, with the failure in it), else 0."""
+    return 1 if any(r["status"] == "failed" for r in result["notebooks"]) else 0

@@ -239,3 +239,19 @@ def test_papermill_reads_every_parameter():
         exec(src, ns)
         inferred = {p.name for p in PythonTranslator.inspect({"source": src})}
         assert inferred == set(ns) - {"__builtins__"}, path.name
+
+
+def test_report_exits_nonzero_when_a_notebook_failed(monkeypatch, capsys):
+    import tern.cli
+    import tern.report.cli as rc
+
+    def fake(status):
+        return lambda *a, **k: {"out_dir": "r", "index": "r/index.html", "smoke": True, "wall_s": 1.0, "headlines": {},
+                                "notebooks": [{"name": "01_x", "status": "ok", "wall_s": 1.0, "html": None, "error": None},
+                                              {"name": "02_y", "status": status, "wall_s": 1.0, "html": None,
+                                               "error": "OSError: no space" if status == "failed" else None}]}
+    monkeypatch.setattr(rc, "run_report", fake("failed"))
+    assert tern.cli.main(["report", "--smoke"]) == 1
+    assert "OSError: no space" in capsys.readouterr().out
+    monkeypatch.setattr(rc, "run_report", fake("ok"))
+    assert tern.cli.main(["report", "--smoke"]) == 0
