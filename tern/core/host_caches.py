@@ -241,6 +241,16 @@ def detect_caches(sys_root: str | os.PathLike = "/sys",
     return caches, "+".join(sources) or "none"
 
 
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on: its affinity mask (a container's or taskset's
+    cpuset), not the machine's count, which would oversubscribe a slice (os.cpu_count() on a
+    16-CPU machine pinned to 2 says 16). macOS has no affinity call: its CPU count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def _host_topology() -> Topology:
     """psutil's view of this machine (used when the /sys tree has no CPU entries)."""
     import psutil

@@ -8,13 +8,13 @@ was training (no row: resume trains it again) and the driver only collects rows.
 
 - ``workers=1`` (default): one run after the other in this process.
 - ``workers=N``: a local ``ProcessPoolExecutor`` of N spawned processes (not forked: torch's
-  and numba's thread pools do not survive a fork), each run with ``cpu_count // N`` torch /
+  and numba's thread pools do not survive a fork), each run with ``usable CPUs // N`` torch /
   numba threads (set in the worker, not in the TrainConfig, so config hashes and resume are
   unchanged).
 - ``scheduler``: a Dask distributed cluster: a scheduler address (``tcp://host:8786``, from
   ``dask scheduler`` plus ``dask worker`` processes on each machine, or dask-jobqueue on a
   batch system), a ``distributed.Client``, or ``"local"`` for a LocalCluster of ``workers``
-  processes with one thread each. Each run uses ``cpu_count // (workers on its host)``
+  processes with one thread each. Each run uses ``usable CPUs // (workers on its host)``
   threads. The registry and the work folder must be on a file system every worker sees.
   Dask retries a task whose worker died on another worker.
 
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import param_counts
+from tern.core.host_caches import usable_cpus
 from tern.core.records import run_metadata
 from tern.decide.registry import REGISTRY_SCHEMA, _jsonable, append_row
 
@@ -49,7 +50,7 @@ from tern.decide.registry import REGISTRY_SCHEMA, _jsonable, append_row
 # side by side train 14.4k (e8) / 12.0k (e64) tok/s together against 11.4k / 9.4k for one
 # two-thread run (capacity-gate models, medians of 15 steps, benchmarks/gate_train_speed.py)
 DEFAULT_WORKERS = 2
-AUTO_THREADS = -1  # Dask: cpu_count // (workers on the run's host), decided in the worker
+AUTO_THREADS = -1  # Dask: usable CPUs // (workers on the run's host), decided in the worker
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,13 @@ def set_threads(n: int) -> None:
 def _threads_here(job: RunJob) -> int:
     if job.threads != AUTO_THREADS:
         return job.threads
-    n = dict(job.host_workers).get(_host_ip(), 1)
-    return max(1, (os.cpu_count() or 1) // max(1, n))
+    return threads_per_worker(dict(job.host_workers).get(_host_ip(), 1))
+
+
+def threads_per_worker(workers: int) -> int:
+    """torch / numba threads of each of ``workers`` runs side by side on this host: the CPUs
+    this process may use (its affinity, not the machine's count) shared out, at least 1."""
+    return max(1, usable_cpus() // max(1, workers))
 
 
 def _host_ip() -> str:
@@ -177,7 +183,7 @@ def run_jobs(jobs: Sequence[RunJob], *, workers: int = 1, scheduler: Any = None,
         return rows
     import multiprocessing as mp
 
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_worker(workers)
     jobs = [_with(j, threads=threads) for j in jobs]
     rows: list[dict] = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tern.core.host_caches import usable_cpus
 from tern.measure.frontier import JSON_FIELDS as FRONTIER_FIELDS
 from tern.measure.hosts import drift_summary, drift_text
 from tern.measure.ladder import render_ladder, run_ladder
@@ -109,7 +109,7 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     from tern.core.paths import results_dir
     from tern.predict.hosts import resolve_host
 
-    threads = args.threads or ([1] if args.quick else sorted({1, os.cpu_count() or 1}))
+    threads = args.threads or ([1] if args.quick else sorted({1, usable_cpus()}))
     if any(t < 1 for t in threads):  # before any probing or model building
         raise ValueError(f"--threads must be >= 1, got {threads}")
     out = results_dir(args.results)
@@ -219,7 +219,7 @@ def cli_run_frontier(args: Any) -> dict[str, Any]:
     else:
         budget = (args.seconds if args.seconds is not None else 60.0 * args.minutes if args.minutes is not None
                   else SMOKE_BUDGET_S if args.smoke else DEFAULT_BUDGET_S)
-        r = run_frontier(args.results, budget, args.seeds, args.threads or sorted({1, os.cpu_count() or 1}),
+        r = run_frontier(args.results, budget, args.seeds, args.threads or sorted({1, usable_cpus()}),
                          args.arms, smoke=args.smoke, force=args.force, tokens=args.tokens,
                          repeats=args.repeats, warmup=args.warmup, train_threads=args.train_threads,
                          command="tern " + " ".join(sys.argv[1:]))

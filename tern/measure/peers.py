@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, get_preset, param_counts
-from tern.core.host_caches import host_llc_bytes
+from tern.core.host_caches import host_llc_bytes, usable_cpus
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
@@ -231,7 +231,7 @@ def host_activity(before: tuple | None, after: tuple | None) -> dict[str, float]
     child's CPU time) and that the hypervisor stole (``steal_frac``). Empty off Linux."""
     if before is None or after is None or after[0] <= before[0]:
         return {}
-    hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1  # /proc/stat sums every CPU
     d = [a - b for a, b in zip(after[1], before[1], strict=False)] + [0] * 8
     user, nice, system, idle, iowait, irq, softirq, steal = d[:8]
     busy = (user + nice + system + irq + softirq) / hz
@@ -354,7 +354,7 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
 
     shapes = select_shapes([s.strip() for s in args.shapes.split(",") if s.strip()] if args.shapes else None,
                            quick=args.quick)
-    threads = args.threads or sorted({1, os.cpu_count() or 1})
+    threads = args.threads or sorted({1, usable_cpus()})
     llama = None if args.no_llama else find_llama_bench(args.llama_bench)
     if llama is None and not args.no_llama:
         print(HOW_TO_GET_LLAMA, file=sys.stderr)

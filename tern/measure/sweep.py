@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
+from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import EnginePolicy
@@ -159,7 +159,7 @@ FULL_TIMING = {"repeats": 5, "min_time_s": 0.25}
 def default_points(quick: bool = False, threads: Iterable[int] | None = None) -> list[SweepPoint]:
     """The sweep the notebooks and `tern bench sweep` run (``quick``: a few small points)."""
     if threads is None:
-        threads = (1,) if quick else sorted({1, os.cpu_count() or 1})
+        threads = (1,) if quick else sorted({1, usable_cpus()})
     pts: list[SweepPoint] = []
     for t in threads:
         if quick:

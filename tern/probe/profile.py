@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tern.core.host_caches import Topology, detect_caches, read_topology
+from tern.core.host_caches import Topology, detect_caches, read_topology, usable_cpus
 from tern.core.host_profile import HostProfile, KernelThroughput
 from tern.core.records import run_metadata
 from tern.kernels.policy import EnginePolicy
@@ -79,11 +79,7 @@ def default_thread_counts() -> tuple[int, ...]:
     """(1, all CPUs this process may use), or (1,) on a one-CPU machine."""
     from tern.probe.bandwidth import max_threads
 
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        n = os.cpu_count() or 1
-    n = max(1, min(n, max_threads()))
+    n = max(1, min(usable_cpus(), max_threads()))
     return (1,) if n == 1 else (1, n)
 
 

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tern.core.host_caches import usable_cpus
+
 # The set-up cell every notebook starts with (tests/report/test_notebooks.py checks that each
 # notebook's first code cell is exactly this). It runs before tern is importable, so it may
 # use the standard library only; tests/report/test_install_cell.py runs it with fake upload
@@ -54,10 +56,7 @@ class NotebookEnv:
 
 
 def detect_env() -> NotebookEnv:
-    try:
-        threads = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        threads = os.cpu_count() or 1
+    threads = usable_cpus()
     gpus, name = 0, ""
     if "torch" in sys.modules or _importable("torch"):
         import torch

@@ -50,7 +50,8 @@ def test_shipped_v2_files_against_the_shipped_registry():
     assert [f.name for f in files] == sorted(p.name for p in (Path(__file__).resolve().parents[2]
                                                               / "gates" / "v2").glob("*.toml"))
     rows = budget_comparison(shipped_registry())
-    assert len(rows) == 16 and all(r["verdict_v1"] != "not run" for r in rows)
+    assert len(rows) == 20 and all(r["verdict_v1"] != "not run" for r in rows)
+    assert {r["v1"] for r in rows if r["gate"] == "capacity_per_param_gpu"} == {"capacity_per_param"}
     for r in rows:  # a v2 gate not run yet shows its planned MDE; a run one, its verdict and MDE
         assert r["mde_v2"] > 0 and (r["verdict_v2"] == "not run") == bool(r["mde_v2_planned"]), r
     ran = {r["gate"] for r in rows if r["verdict_v2"] != "not run"}

@@ -18,8 +18,11 @@ V2 = sorted((GATES / "v2").glob("*.toml"))
 PAIRS = [(GATES / f.name, f) for f in V2 if (GATES / f.name).exists()]
 
 
-def test_five_reruns_and_the_capacity_study():
-    assert len(PAIRS) == 5 and len(V2) == 6
+GPU_STUDY = GATES / "v2" / "7_capacity_per_param_gpu.toml"
+
+
+def test_five_reruns_and_the_capacity_study_on_cpu_and_gpu():
+    assert len(PAIRS) == 5 and len(V2) == 7 and GPU_STUDY in V2
 
 
 @pytest.mark.parametrize("v1, v2", PAIRS, ids=[p[1].stem for p in PAIRS])
@@ -53,9 +56,30 @@ def test_capacity_study_budget_scales_with_total_params():
     assert g.arm_tokens("e64") > 3 * g.arm_tokens("e8")
 
 
-def test_speed_file_covers_every_v2_arm():
+def test_gpu_capacity_study_is_the_cpu_study_at_a_larger_budget():
+    cpu, gpu = load_gate(GATES / "v2" / "6_capacity_per_param.toml"), load_gate(GPU_STUDY)
+    assert gpu.name == "capacity_per_param_gpu" and gpu.per_param
+    assert (gpu.rule, gpu.comparisons, list(gpu.arms), gpu.metric) == (cpu.rule, cpu.comparisons,
+                                                                        list(cpu.arms), cpu.metric)
+    for arm in cpu.arms:  # the same models and train settings; only the budget and batch differ
+        assert gpu.model_config(arm) == cpu.model_config(arm)
+        total = param_counts(gpu.model_config(arm)).total.params
+        assert gpu.arm_tokens(arm) == math.ceil(4 * total / 8192) * 8192
+        ta, tb = cpu.train_overrides(arm, 0), gpu.train_overrides(arm, 0)
+        assert {k: v for k, v in tb.items() if k not in ("steps", "batch_size")} == \
+            {k: v for k, v in ta.items() if k not in ("steps", "batch_size")}
+    assert tuple(gpu.seeds) == (0, 1, 2, 3, 4) and gpu.plan["spread_from"] == "capacity_per_param"
+    # its planned MDE and seeds: the planner's figures from the registry before its runs
+    before = [x for x in read_registry(shipped_registry()) if x.get("gate") != gpu.name]
+    for c in plan_gate(gpu, before)["comparisons"]:
+        key = comparison_key(c["b"], c["a"])
+        assert gpu.plan["mde"][key] == pytest.approx(c["mde_at_gate"], abs=1e-4)
+        assert gpu.plan["seeds_needed"][key] == c["seeds_needed"]
+
+
+def test_speed_file_covers_every_v2_cpu_arm():
     rates = measured_rates([], read_jsonl(GATES / "v2" / "train_speed.jsonl"))
-    for f in V2:
+    for f in (f for f in V2 if f != GPU_STUDY):  # no CPU rate at the GPU study's batch
         g = load_gate(f)
         b = g.budget
         for arm, spec in g.arms.items():

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tern.core import host_caches
 from tern.core.host_caches import Topology, detect_caches, parse_cpu_list, parse_size_bytes, read_topology
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
 from tern.kernels import kernels_dense as kd
@@ -477,6 +478,24 @@ def test_probe_configs_quick_and_full(monkeypatch):
     assert f.sweep.min_ws_bytes == 4 * KIB and f.sweep.max_ws_bytes >= 512 * MIB
     assert (1024, 1024) in f.kernel_sizes and f.kernel_names is None
     assert probe.default_thread_counts()[0] == 1
+
+
+def test_all_cores_means_the_cpus_this_process_may_use(monkeypatch):
+    """A 16-CPU machine with this process pinned to 2 (taskset, a container's cpuset): every
+    "all cores" default is 2, so nothing oversubscribes the slice."""
+    import os
+
+    from tern.decide import workers
+    from tern.measure import sweep
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 7}, raising=False)
+    assert host_caches.usable_cpus() == 2
+    assert probe.default_thread_counts() == (1, 2)
+    assert sorted({p.threads for p in sweep.default_points()}) == [1, 2]
+    assert workers.threads_per_worker(2) == 1 and workers.threads_per_worker(1) == 2
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS: no affinity call
+    assert host_caches.usable_cpus() == 16
 
 
 def test_probe_headlines_have_units():
