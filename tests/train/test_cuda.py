@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import TRAIN_TINY
+from test_train import source as _source  # the learnable toy corpus of the CPU tests
 
 from tern.core.config import ModelConfig
-from tern.train.batches import ArraySource
 from tern.train.checkpoint import load_checkpoint
 from tern.train.config import TrainConfig
 from tern.train.loop import make_nll_fn, run_training
@@ -23,13 +23,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 MOE = ModelConfig(name="cuda-moe", vocab_size=64, d_model=64, n_layers=3, attn_layers=(1,), n_heads=4,
                   attn_window=64, d_state=8, mlp_hidden=0, moe_layers=(0, 1, 2), n_experts=8, top_k=2,
                   expert_hidden=32, n_shared=1, shared_hidden=32, max_seq_len=64)
-
-
-def _source():
-    rng = np.random.default_rng(0)
-    tr = (np.cumsum(rng.integers(1, 4, 40000)) % 64).astype(np.uint16)  # learnable steps
-    va = (np.cumsum(rng.integers(1, 4, 2400)) % 64).astype(np.uint16)
-    return ArraySource(tr, va, vocab_size=64)
 
 
 def _tc(**kw):
