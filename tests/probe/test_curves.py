@@ -8,7 +8,15 @@ import pytest
 
 from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair, op_curve_trio
 from tern.predict.inventory import WorkKey, curve_stall
-from tern.probe.curves import ROWY_CURVE_SHAPES, SMALL_CURVE_SHAPES, CurveBuffer, curve_plan, measure_curve
+from tern.probe import curves
+from tern.probe.curves import (
+    ROWY_CURVE_SHAPES,
+    SMALL_CURVE_SHAPES,
+    CurveBuffer,
+    curve_plan,
+    implausible_points,
+    measure_curve,
+)
 from tern.probe.timing import TimingConfig
 
 FAST = TimingConfig(min_time_s=0.002, repeats=2, warmup_s=0.0, max_calibration_s=0.01)
@@ -24,6 +32,37 @@ def test_a_curve_is_measured_over_growing_working_sets(op, split, threads):
     assert list(c.working_set_bytes) == sorted(set(c.working_set_bytes))
     assert all(s > 0 for s in c.seconds)
     assert c.seconds_at(1) == c.seconds[0] and c.seconds_at(1 << 40) == c.seconds[-1]
+
+
+def test_implausible_points_are_slower_per_byte_than_data_further_out():
+    mib = 1 << 20
+    ws = [1 * mib, 2 * mib, 4 * mib, 8 * mib]
+    assert implausible_points(ws, [1.0, 2.0, 4.0, 8.0]) == []  # flat per byte
+    assert implausible_points(ws, [1.0, 2.0, 12.0, 16.0]) == []  # a cliff: slower further out
+    assert implausible_points(ws, [1.0, 29.0, 4.0, 8.0]) == [1]  # a spike: 14x its neighbours
+    assert implausible_points(ws, [1.0, 7.0, 14.0, 8.0]) == [1, 2]  # two points of one pause
+    assert implausible_points(ws, [1.0, 2.0, 4.0, 17.0]) == [3]  # the last: > 2x the one before
+    assert implausible_points(ws[:1], [5.0]) == []
+
+
+def test_an_implausible_point_is_timed_again_and_keeps_its_fastest_median(monkeypatch):
+    """A pause during one point (a neighbour taking the core) is re-measured, not smoothed: the
+    point keeps the faster of its timings, the others are timed once."""
+    real, calls = curves.timed_runs, []
+
+    def paused_once(run, cfg, **kw):
+        t = real(run, cfg, **kw)
+        calls.append(run)
+        if len(calls) == 2:  # the second working set's first timing: 20x slower
+            return dataclasses.replace(t, seconds=tuple(20 * s for s in t.seconds))
+        return t
+
+    monkeypatch.setattr(curves, "timed_runs", paused_once)
+    buf = CurveBuffer(4 << 20)
+    c = measure_curve("ternary_matvec", "serial", 1, (256 << 10, 1 << 20, 4 << 20), buf, FAST)
+    assert len(calls) >= 4 and any(r is calls[1] for r in calls[3:])  # three points, then the second again
+    per_byte = [t / w for t, w in zip(c.seconds, c.working_set_bytes, strict=True)]
+    assert per_byte[1] < 5 * min(per_byte[0], per_byte[2])  # the re-timed, unpaused figure
 
 
 def test_curve_validation_and_lookup():

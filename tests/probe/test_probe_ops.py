@@ -115,6 +115,30 @@ def test_measure_op_costs_fits_every_op(monkeypatch):
     assert "ternary_matvec" in po.render_costs(costs)
 
 
+def test_a_sample_far_slower_than_its_fit_is_timed_again(monkeypatch):
+    """A pause during one size (another process taking the core) makes that sample 6x slow:
+    it is timed again and the fit is made from its faster timing; clean samples are not."""
+    shapes = [(32, 8192), (256, 65536), (1024, 262144), (64, 65536), (512, 524288)]
+    clean = _samples("ternary_matvec", 1e-7, 3e-9, 7e-12, shapes)
+    paused = [dataclasses.replace(clean[2], seconds=6 * clean[2].seconds)] + clean[3:]
+    assert po.slow_samples(clean) == [] and po.slow_samples(clean[:2] + paused) == [2]
+    timings = {shape: [s] for shape, s in zip(shapes, clean, strict=True)}
+    timings[shapes[2]] = [paused[0], clean[2]]  # slow first, then as it should be
+    calls = []
+
+    def fake_time(op, shape, threads=1, timing=None, seed=0):
+        calls.append(shape)
+        left = timings.get(tuple(shape), [])
+        return left.pop(0) if len(left) > 1 else left[0] if left else po.OpSample(op, threads, shape[0], float(np.prod(shape)), 1e-6)
+
+    monkeypatch.setattr(po, "op_shapes", lambda op, t, quick: shapes if op == "ternary_matvec" else [(8, 8)])
+    monkeypatch.setattr(po, "time_op", fake_time)
+    costs = po.measure_op_costs((1,), quick=True, progress=False)
+    c = op_cost_for(costs, "ternary_matvec", 1)
+    assert calls.count(shapes[2]) == 2 and calls.count(shapes[0]) == 1
+    assert c.max_rel_err < 1e-6 and c.unit_s == pytest.approx(7e-12, rel=1e-6)
+
+
 def test_profile_round_trip_with_op_costs(tmp_path):
     ref = HostProfile("t", True, {}, (), "default", ())
     prof = dataclasses.replace(ref, op_costs=(OpCost("ssm_scan", 1, 1e-7, 2e-9, 3e-10, 5, 0.1),))
