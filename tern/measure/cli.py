@@ -156,6 +156,8 @@ def cli_configure_hosts(p: Any) -> None:
     p.add_argument("--profile", default="results/host_profile.json", help="profile to commit (with --save)")
     p.add_argument("--rows", default="results/bench/sweep.jsonl", help="sweep rows to commit (with --save)")
     p.add_argument("--note", default="", help="a note stored with the committed host")
+    p.add_argument("--repeat-rows", default=None,
+                   help="a second sweep of the same points (with --save): committed as the host's run-to-run spread")
 
 
 def cli_run_hosts(args: Any) -> dict[str, Any]:
@@ -163,7 +165,8 @@ def cli_run_hosts(args: Any) -> dict[str, Any]:
 
     saved = None
     if args.save:
-        saved = str(save_host(args.save, args.profile, args.rows, root=args.root, note=args.note))
+        saved = str(save_host(args.save, args.profile, args.rows, root=args.root, note=args.note,
+                              repeat_rows=args.repeat_rows))
     return {"bench": "hosts", "saved": saved, "hosts": hosts_report(args.root)}
 
 

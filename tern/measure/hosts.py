@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,28 +62,46 @@ class CommittedHost:
     profile: HostProfile
     rows: tuple[dict[str, Any], ...]
     meta: dict[str, Any]
+    # a second sweep of the same points with the same code and profile, later the same
+    # session (sweep_repeat.jsonl, optional): the host's own run-to-run spread, the floor
+    # under any prediction's accuracy there (:func:`repeatability`)
+    repeat_rows: tuple[dict[str, Any], ...] = ()
 
 
-def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | list[dict[str, Any]],
-              root: str | os.PathLike | None = None, note: str = "") -> Path:
-    """Commit a host: copy its profile, keep the measured sweep rows (the fields needed to
-    predict them again, not the predictions), and record what the host was."""
-    if not label or any(c in label for c in "/\\ ") or label.startswith("."):
-        raise ValueError(f"host label must be a plain folder name, got {label!r}")
-    prof = HostProfile.load(profile)
+def _sweep_points(rows: str | os.PathLike | list[dict[str, Any]]) -> list[dict[str, Any]]:
     src = list(read_jsonl(rows)) if not isinstance(rows, list) else rows
     kept = [{k: r[k] for k in ROW_KEYS if k in r} for r in src if r.get("kind") == "sweep_point"]
     if not kept:
-        raise ValueError(f"no sweep_point rows in {rows}")
+        raise ValueError(f"no sweep_point rows in {rows if not isinstance(rows, list) else 'the rows given'}")
+    return kept
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | list[dict[str, Any]],
+              root: str | os.PathLike | None = None, note: str = "",
+              repeat_rows: str | os.PathLike | list[dict[str, Any]] | None = None) -> Path:
+    """Commit a host: copy its profile, keep the measured sweep rows (the fields needed to
+    predict them again, not the predictions), and record what the host was. ``repeat_rows``:
+    a second sweep of the same points (sweep_repeat.jsonl: the host's run-to-run spread)."""
+    if not label or any(c in label for c in "/\\ ") or label.startswith("."):
+        raise ValueError(f"host label must be a plain folder name, got {label!r}")
+    prof = HostProfile.load(profile)
+    kept = _sweep_points(rows)
+    repeat = _sweep_points(repeat_rows) if repeat_rows is not None else None
     out = Path(root) if root is not None else hosts_root()
     if out is None:
         raise ValueError("committing a host needs a tern checkout (benchmarks/hosts) or an explicit root")
     folder = out / label
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(profile, folder / "host_profile.json")
-    tmp = folder / ".sweep.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-    os.replace(tmp, folder / "sweep.jsonl")
+    _write_rows(folder / "sweep.jsonl", kept)
+    if repeat is not None:
+        _write_rows(folder / "sweep_repeat.jsonl", repeat)
     meta = run_metadata(1)
     meta.update({"label": label, "cpu": prof.host.get("cpu_model") or meta.get("cpu"), "note": note,
                  **{k: prof.host.get(k) for k in ("cpu_family", "cpu_model_number", "cpu_stepping")},
@@ -104,8 +123,27 @@ def load_hosts(root: str | os.PathLike | None = None) -> list[CommittedHost]:
             continue
         meta_path = folder / "host.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        out.append(CommittedHost(folder.name, HostProfile.load(prof_path), tuple(read_jsonl(rows_path)), meta))
+        repeat_path = folder / "sweep_repeat.jsonl"
+        repeat = tuple(read_jsonl(repeat_path)) if repeat_path.exists() else ()
+        out.append(CommittedHost(folder.name, HostProfile.load(prof_path), tuple(read_jsonl(rows_path)), meta,
+                                 repeat))
     return out
+
+
+def repeatability(rows: Sequence[dict[str, Any]], repeat_rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How far a second sweep of the same points measured from the first (same code and
+    profile): over the (name, threads) points in both, {n, within_10pct, within_20pct (share of
+    points whose tok/s ratio second / first is within ±10 / ±20 %), median_ratio, min_ratio,
+    max_ratio}; None when they share no point. A host whose own repeat agrees with itself at
+    fewer points than the ±20 % target asks of predictions cannot be judged by that target."""
+    first = {(r["name"], int(r["threads"])): float(r["tok_per_s"]) for r in rows}
+    ratios = [float(r["tok_per_s"]) / first[(r["name"], int(r["threads"]))] for r in repeat_rows
+              if (r["name"], int(r["threads"])) in first]
+    if not ratios:
+        return None
+    return {"n": len(ratios), "within_10pct": sum(abs(x - 1) <= 0.1 for x in ratios) / len(ratios),
+            "within_20pct": sum(abs(x - 1) <= 0.2 for x in ratios) / len(ratios),
+            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
 
 
 def region_of(hot_bytes: float, llc_bytes: int) -> str:
@@ -190,6 +228,8 @@ def hosts_report(root: str | os.PathLike | None = None) -> dict[str, Any]:
                  "probe_only": accuracy_report(repredict(h.rows, h.profile))}
         if h.profile.calibration:
             entry["calibrated"] = accuracy_report(repredict(h.rows, h.profile, calibrated=True))
+        if h.repeat_rows:
+            entry["repeatability"] = repeatability(h.rows, h.repeat_rows)
         out[h.label] = entry
     return out
 
@@ -210,6 +250,11 @@ def render_hosts_report(rep: dict[str, Any]) -> str:
             c = e["calibrated"]
             lines.append(f"  calibrated: {100 * c['within_20pct']:.0f} % within +-20 %, median |error| "
                          f"{100 * c['median_abs_err']:.1f} %")
+        if e.get("repeatability"):
+            r = e["repeatability"]
+            lines.append(f"  repeat sweep (same code and profile): {r['n']} points, {100 * r['within_20pct']:.0f} % "
+                         f"within +-20 % of the first sweep ({100 * r['within_10pct']:.0f} % within +-10 %), "
+                         f"second / first {r['min_ratio']:.2f}-{r['max_ratio']:.2f}: the host's own spread")
     return "\n".join(lines) if lines else "no committed hosts"
 
 

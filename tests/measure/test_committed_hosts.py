@@ -16,6 +16,7 @@ from tern.measure.hosts import (
     hosts_root,
     load_hosts,
     region_of,
+    repeatability,
     repredict,
     save_host,
 )
@@ -54,6 +55,16 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # 512 MiB read at 9.2 GB/s in this probe, 10.6 and 17.0 in two curve-only re-runs the
     # same hour (its engine decodes the 10B pick as if at ~12-16), so the stall is overpriced
     "intel-xeon-amx-s19": (0.88, 0.086, "Intel, session 19 engine: 1-thread DRAM points 1.07-1.26x, unstable DRAM curve"),
+    # the AMD EPYC Zen 4 VM again (session 20, same CPU model as amd-epyc-zen4, which is
+    # 50/50 within): 32/50 within, median 14.7 %, measured/predicted 0.72-1.42 both ways.
+    # The host itself did not hold still: a second sweep of the same points with the same
+    # code and profile 20 minutes later (sweep_repeat.jsonl) agreed with the first at only
+    # 63 % of the points within +-20 % (41 % within +-10 %; second / first 0.59-1.76), and
+    # the read rate / kernel speed timed beside the points were off the probe's by > 15 % at
+    # 29 of 56 points. Its two probes 30 minutes apart read DRAM at 29.9 / 24.9 GB/s (1
+    # thread) and 56.0 / 32.5 (2 threads). No prediction can meet +-20 % at 95 % of points
+    # on a host whose own repeat meets it at 63 % (test_noisy_host_misses_are_its_own_spread)
+    "amd-epyc-zen4-s20": (0.64, 0.147, "AMD Zen 4, session 20: the host's own repeat sweep is 63 % within +-20 %"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -80,6 +91,15 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # the Intel VM with session 19's engine (above): the 10B pick at 1 thread measured
     # 146.9 tok/s, predicted 118.3 (its DRAM stall priced from the slow curve)
     ("intel-xeon-amx-s19", "d1024-L24-E256k2-h512", 1): 0.241,
+    # the noisy AMD Zen 4 VM of session 20 (above): in its repeat sweep 206m ran 1,296 and
+    # 2,252 tok/s (1 / 2 threads) against 1,841 and 1,661 in the first; 105m at 2 threads
+    # 2,249 against 1,813. The 10B pick decoded 96-126 tok/s at 1 thread in six separate
+    # processes that hour (predicted 116.3) and 85.6 in the sweep
+    ("amd-epyc-zen4-s20", "206m", 1): 0.274,
+    ("amd-epyc-zen4-s20", "105m", 2): 0.252,
+    ("amd-epyc-zen4-s20", "206m", 2): 0.222,
+    ("amd-epyc-zen4-s20", "d1024-L24-E256k2-h512", 1): 0.264,
+    ("amd-epyc-zen4-s20", "d1024-L24-E256k2-h512", 2): 0.177,
 }
 
 
@@ -136,6 +156,16 @@ def test_named_models_within_15_percent(label, point):
     assert abs(point["ratio"] - 1) <= NAMED_WITHIN, (label, point["name"], point["threads"], point["ratio"])
 
 
+def test_noisy_host_misses_are_its_own_spread():
+    """A known miss blamed on the host's own spread carries a repeat sweep that shows it: the
+    host agreed with itself at fewer points than the target asks of predictions."""
+    noisy = [h for h in HOSTS if h.repeat_rows]
+    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20"]
+    for h in noisy:
+        r = repeatability(h.rows, h.repeat_rows)
+        assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
+
+
 def test_every_named_miss_is_a_committed_point():
     # a host re-measured (or relabelled) leaves no stale entry behind
     assert set(NAMED_MISSES) <= {(lab, p["name"], p["threads"]) for lab, p in NAMED}
@@ -177,9 +207,29 @@ def test_save_host_keeps_measurements_not_predictions(tmp_path):
     back = load_hosts(tmp_path / "hosts")
     assert [b.label for b in back] == ["some-host"] and folder.name == "some-host"
     assert len(back[0].rows) == 3 and all("ratio" not in r and "predicted_tok_per_s" not in r for r in back[0].rows)
-    assert back[0].profile == h.profile
+    assert back[0].profile == h.profile and back[0].repeat_rows == ()
     with pytest.raises(ValueError):
         save_host("../escape", hosts_root() / h.label / "host_profile.json", src, root=tmp_path)
+    # a repeat sweep of the same points is kept beside them, and read back as the host's spread
+    again = [dict(r, tok_per_s=r["tok_per_s"] * f) for r, f in zip(rows[:3], (1.05, 0.7, 1.5), strict=True)]
+    save_host("some-host", hosts_root() / h.label / "host_profile.json", src, root=tmp_path / "hosts",
+              repeat_rows=again)
+    back = load_hosts(tmp_path / "hosts")[0]
+    assert len(back.repeat_rows) == 3 and not list((tmp_path / "hosts" / "some-host").glob(".*.tmp"))
+    with pytest.raises(ValueError, match="no sweep_point"):
+        save_host("other", hosts_root() / h.label / "host_profile.json", src, root=tmp_path / "hosts",
+                  repeat_rows=[{"kind": "calibration"}])
+
+
+def test_repeatability_on_hand_made_sweeps():
+    first = [{"name": n, "threads": t, "tok_per_s": v} for n, t, v in
+             (("a", 1, 100.0), ("b", 1, 100.0), ("c", 2, 100.0), ("d", 2, 100.0))]
+    second = [{"name": n, "threads": t, "tok_per_s": v} for n, t, v in
+              (("a", 1, 105.0), ("b", 1, 85.0), ("c", 2, 150.0), ("e", 1, 1.0))]  # e: not in the first
+    r = repeatability(first, second)
+    assert r["n"] == 3 and r["within_10pct"] == pytest.approx(1 / 3) and r["within_20pct"] == pytest.approx(2 / 3)
+    assert (r["min_ratio"], r["median_ratio"], r["max_ratio"]) == (0.85, 1.05, 1.5)
+    assert repeatability(first, [{"name": "a", "threads": 2, "tok_per_s": 1.0}]) is None  # other threads
 
 
 def test_rows_are_predicted_with_the_engine_policy_they_were_measured_under():
