@@ -89,18 +89,32 @@ def clean_stale_temps(folder: str | os.PathLike, max_age_s: float = STALE_TEMP_S
     return removed
 
 
+def _new_file_mode(path: Path) -> int:
+    """The permissions ``path`` keeps (its own when it exists) or a new file gets under this
+    process's umask; a temp file is created 0600, and a rename would keep that."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temp file in the same folder and a rename.
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename; the
+    file gets the permissions a plain write would give it (an existing file's are kept).
     Stale temp files of earlier interrupted writes in that folder are removed first
     (:func:`clean_stale_temps`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temps(path.parent)
+    mode = _new_file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -47,6 +47,22 @@ def test_atomic_write_leaves_no_temp(tmp_path):
     assert os.listdir(p.parent) == ["x.json"]
 
 
+def test_atomic_write_gives_the_permissions_a_plain_write_would(tmp_path):
+    """The temp file is created 0600; the written file is not left so (a host profile or a
+    committed host.json others must read): new files follow the umask, existing keep theirs."""
+    old = os.umask(0o022)
+    try:
+        p = atomic_write_json(tmp_path / "new.json", {"a": 1})
+        assert p.stat().st_mode & 0o777 == 0o644
+        os.chmod(p, 0o600)  # a file made private on purpose stays private
+        atomic_write_json(p, {"a": 2})
+        assert p.stat().st_mode & 0o777 == 0o600
+        os.umask(0o077)
+        assert atomic_write_bytes(tmp_path / "private.bin", b"x").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
 def test_atomic_write_failure_keeps_old(tmp_path, monkeypatch):
     p = tmp_path / "x.bin"
     p.write_bytes(b"old")
