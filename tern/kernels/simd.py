@@ -156,7 +156,7 @@ def _dot_step(builder, isa, acc, codes, q):
     return builder.add(acc, builder.call(wd, [p16, _splat(_V16I16, 1)]))
 
 
-def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
+def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=None):
     """Dot products of rows r .. r+nrows-1 against xq: one pass over xq, each activation
     vector loaded once and used for every row (nrows * 4 vector accumulators); ``prefetch``
     > 0: each full segment prefetches the next pass's rows, >= ``prefetch`` bytes on."""
@@ -184,7 +184,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0):
     # one-row pass read 13.3 / 16.9 shifted against 15.5 / 18.9 masked (the engine's streamed
     # DRAM pools); in L3 alike within noise. The 10B pick (128 KiB experts) decoded ~1.2x
     # faster at 1 thread with the 4-row pass shifted (session 20).
-    scaled = nrows == 1
+    scaled = nrows == 1 if scaled is None else scaled  # (benchmarks/ternary_matvec.py --code-form)
     codes_of = _codes_scaled if scaled else _codes
 
     def clamp0(v):
@@ -285,9 +285,9 @@ def rows_dot_intrinsic(nrows, emit):
     return rows_dot
 
 
-def _make_row_dot(isa, nrows=1, prefetch=0):
+def _make_row_dot(isa, nrows=1, prefetch=0, scaled=None):
     return rows_dot_intrinsic(nrows, lambda context, builder, sig, args:
-                              _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch))
+                              _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch, scaled))
 
 
 ROWS_PER_DOT = 2 if ROW_DOT_ISA == "avx2" else 4  # rows sharing one pass over xq (register budget)
