@@ -8,10 +8,13 @@ compiled here for the 4-row and the one-row pass (1 thread) and timed over a cyc
 matrices of ``--rows`` x ``--row-bytes`` visited in random order (as routed experts are), in
 L3 (``--cache-bytes``) and from DRAM (``--dram-bytes``), every form once per round.
 
-AMD EPYC Zen 4 VM, session 20 (5 rounds, 256 B rows; GB/s median): 4-row pass from DRAM over
-512-row (128 KiB) matrices 10.3 masked / 12.8 shifted, over 1024-row (256 KiB) ones 13.5 /
-14.3; one-row pass 15.5 / 13.3 and 18.9 / 16.9; in L3 alike within noise. The engine
-therefore runs the 4-row pass shifted and the one-row pass masked.
+AMD EPYC Zen 4 VM, session 20, three processes (5 rounds each, 256 B rows; GB/s medians,
+masked / shifted): the 4-row pass from DRAM over 512-row (128 KiB) matrices 10.3 / 12.8,
+9.1 / 11.7, 11.6 / 13.9 (shifted x1.20-1.29 every time), over 1024-row (256 KiB) ones
+13.5 / 14.3, 12.5 / 10.4, 13.0 / 16.3; in L3 the masked 4-row pass is 1-6 % faster; the
+one-row pass (the engine's streamed DRAM pools) 15.5 / 13.3, 14.7 / 12.5, 16.0 / 16.1 over
+128 KiB and 18.9 / 16.9, 17.2 / 16.8, 18.2 / 16.9 over 256 KiB. The engine runs the 4-row
+pass shifted and the one-row pass masked (the ~10B picks' experts are 128 KiB matrices).
 
     flock /tmp/tern-cpu.lock .venv/bin/python benchmarks/row_dot_form.py [--rows 512 1024]
 """

@@ -177,13 +177,10 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(vacc, None)) for _ in range(4)]
             for _ in range(nrows)]
     ahead = prefetch_ahead(builder, stride0, nrows, prefetch) if prefetch else None
-    # one-row pass: codes masked in place (one AND per group); the multi-row pass: shifted
-    # down then masked. Same sums. AMD EPYC Zen 4, one process, both compiled, interleaved
-    # (5 rounds, 1 thread, 256 B rows): the 4-row pass over 128 / 256 KiB matrices in random
-    # order from DRAM read 12.8 / 14.3 GB/s shifted against 10.3 / 13.5 masked, while the
-    # one-row pass read 13.3 / 16.9 shifted against 15.5 / 18.9 masked (the engine's streamed
-    # DRAM pools); in L3 alike within noise. The 10B pick (128 KiB experts) decoded ~1.2x
-    # faster at 1 thread with the 4-row pass shifted (session 20).
+    # one-row pass: codes masked in place (one AND per group); multi-row: shifted down, then
+    # masked. Same sums. AMD EPYC Zen 4, 1 thread (benchmarks/row_dot_form.py, 3 processes):
+    # 4-row pass over 128 KiB matrices from DRAM x1.20-1.29 shifted (1-6 % slower in L3); the
+    # one-row pass up to x1.17 masked. The 10B pick: x1.32 at 1 thread (session 20).
     scaled = nrows == 1 if scaled is None else scaled  # (benchmarks/ternary_matvec.py --code-form)
     codes_of = _codes_scaled if scaled else _codes
 
