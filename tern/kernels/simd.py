@@ -181,7 +181,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
     # masked. Same sums. AMD EPYC Zen 4, 1 thread (benchmarks/row_dot_form.py, 3 processes):
     # 4-row pass over 128 KiB matrices from DRAM x1.20-1.29 shifted (1-6 % slower in L3); the
     # one-row pass up to x1.17 masked. The 10B pick: x1.32 at 1 thread (session 20).
-    scaled = nrows == 1 if scaled is None else scaled  # (benchmarks/ternary_matvec.py --code-form)
+    scaled = nrows == 1 if scaled is None else scaled  # given: benchmarks/row_dot_form.py
     codes_of = _codes_scaled if scaled else _codes
 
     def clamp0(v):

@@ -31,7 +31,7 @@ from tern.core.config import ModelConfig
 from tern.core.host_profile import HostProfile
 from tern.core.host_queries import effective_llc_bytes
 from tern.core.paths import repo_root
-from tern.core.records import atomic_write_json, read_jsonl, run_metadata
+from tern.core.records import atomic_write_json, atomic_write_text, read_jsonl, run_metadata
 from tern.kernels.policy import EnginePolicy
 from tern.predict.pools import decoded_context
 from tern.predict.roofline import predict
@@ -77,9 +77,7 @@ def _sweep_points(rows: str | os.PathLike | list[dict[str, Any]]) -> list[dict[s
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def save_host(label: str, profile: str | os.PathLike, rows: str | os.PathLike | list[dict[str, Any]],

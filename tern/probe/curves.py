@@ -50,7 +50,7 @@ from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
 from tern.probe.ops import ENGINE_KERNEL_DEPS
-from tern.probe.timing import TimingConfig, timed_runs
+from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 # op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
 CURVE_SHAPES = {
@@ -241,17 +241,11 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
     raise ValueError(f"no working-set curve for op {op!r}; ops: {sorted(CURVE_SHAPES)}")
 
 
-# A point is re-timed when it is implausibly slow: more than RETIME_FACTOR x the seconds per
-# byte of some larger working set (data further out cannot stream faster; a neighbour process
-# or a hypervisor pause taking a core for a moment can), or, at the largest working set, more
-# than RETIME_LAST_FACTOR x the one before it. It is timed again (at most RETIME_ROUNDS times)
-# and keeps the fastest median: a pause only ever adds time. A real slowdown times slow again
-# and stays. (Session 20, AMD EPYC Zen 4 VM: with other work on the machine for a few seconds,
-# single points of the 2-thread curves read 14x and 32x their neighbours and the predictor's
-# 2-thread figures came out up to 12x too slow.)
-RETIME_FACTOR = 1.5
+# A point is implausibly slow (and timed again: tern.probe.timing.retime_slow) when its
+# seconds per byte exceed RETIME_FACTOR x some larger working set's (data further out cannot
+# stream faster; a pause of the core can) or, at the largest working set, RETIME_LAST_FACTOR x
+# the one before it.
 RETIME_LAST_FACTOR = 2.0
-RETIME_ROUNDS = 2
 
 
 def implausible_points(ws_bytes: Sequence[int], seconds: Sequence[float]) -> list[int]:
@@ -292,16 +286,9 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
         return per_call["median"], per_call["min"], per_call["max"]
 
     with numba_threads(threads if split != "serial" else 1):
-        points = [timed(i) for i in range(len(cycles))]
         sizes = [n * mat_bytes for n in cycles]
-        for _ in range(RETIME_ROUNDS):
-            suspects = implausible_points(sizes, [p[0] for p in points])
-            for i in suspects:
-                again = timed(i)
-                if again[0] < points[i][0]:
-                    points[i] = again
-            if not suspects:
-                break
+        points = retime_slow([timed(i) for i in range(len(cycles))],
+                             lambda pts: implausible_points(sizes, [p[0] for p in pts]), timed, lambda p: p[0])
     return OpCurve(op=op, split=split, threads=threads if split != "serial" else 1, rows=shape[0],
                    cols=shape[1], density=SKIP_DENSITY if op == "ternary_skip" else 1.0,
                    working_set_bytes=tuple(sizes), seconds=tuple(p[0] for p in points),

@@ -52,7 +52,7 @@ from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.region import phase_counters
 from tern.probe.bandwidth import numba_threads
-from tern.probe.timing import TimingConfig, timed_runs
+from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
 OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
@@ -344,21 +344,13 @@ def fit_cost(samples: list[OpSample]) -> OpCost:
                   samples=len(samples), max_rel_err=err, tail_s=tail)
 
 
-# A sample more than RETIME_FACTOR x slower than the fit of its op's other samples predicts is
-# timed again (at most RETIME_ROUNDS times) and keeps its faster median before the final fit:
-# a pause of the core (another process, the hypervisor) only ever adds time. (Session 20, AMD
-# EPYC Zen 4 VM: with other work on the machine, 2-thread fits had errors of 35-89 %.)
-RETIME_FACTOR = 1.5
-RETIME_ROUNDS = 2
-
-
 def slow_samples(samples: list[OpSample]) -> list[int]:
-    """Indices of samples whose seconds exceed RETIME_FACTOR x the fit of all samples."""
+    """Indices of samples whose seconds exceed RETIME_FACTOR x the fit of all samples (timed
+    again: tern.probe.timing.retime_slow)."""
     if len(samples) < 3:
         return []
     c = fit_cost(samples)
-    return [i for i, s in enumerate(samples)
-            if s.seconds > RETIME_FACTOR * (c.call_s + c.row_s * s.rows + c.unit_s * s.units + c.tail_s * s.tails)]
+    return [i for i, s in enumerate(samples) if s.seconds > RETIME_FACTOR * c.seconds(1, s.rows, s.units, s.tails)]
 
 
 def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
@@ -374,16 +366,13 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
     for op, t, shape in tqdm(plan, desc="engine op costs", unit="size", disable=not progress, leave=False,
                              file=sys.stderr, mininterval=0.5):
         by_key.setdefault((op, t), []).append((shape, time_op(op, shape, t, timing)))
+    costs = []
     for (op, t), timed in by_key.items():
-        for _ in range(RETIME_ROUNDS):
-            slow = slow_samples([x for _, x in timed])
-            for i in slow:
-                again = time_op(op, timed[i][0], t, timing)
-                if again.seconds < timed[i][1].seconds:
-                    timed[i] = (timed[i][0], again)
-            if not slow:
-                break
-    return [fit_cost([x for _, x in v]) for v in by_key.values()]
+        shapes = [shape for shape, _ in timed]
+        samples = retime_slow([x for _, x in timed], slow_samples,
+                              lambda i, op=op, t=t, shapes=shapes: time_op(op, shapes[i], t, timing), lambda x: x.seconds)
+        costs.append(fit_cost(samples))
+    return costs
 
 
 def render_costs(costs: list[OpCost]) -> str:
