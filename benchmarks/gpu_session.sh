@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-results/gpu_session}
 LIMIT=${2:-480}
+[[ $LIMIT =~ ^[0-9]+$ ]] && [ "$LIMIT" -ge 60 ] || { echo "gpu_session.sh: SECONDS must be a whole number >= 60, got '$LIMIT'" >&2; exit 2; }
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/tern-gpu.XXXXXX)

@@ -149,3 +149,23 @@ def test_a_truncated_model_in_a_real_process(model, tmp_path):
                        capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"tern generate: error: {bad}: truncated file: " + r.stderr.split("truncated file: ", 1)[1].strip()]
+
+
+def test_bench_hosts_save_with_a_missing_or_damaged_repeat_sweep(tmp_path):
+    """--repeat-rows that is missing, not JSONL or holds no sweep point: a one-line error and
+    nothing committed under --root."""
+    from tern.measure.hosts import hosts_root
+
+    src = hosts_root() / "amd-epyc-zen4-s20"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "sweep_point"\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"kind": "calibration"}\n')
+    for rows, needle in ((tmp_path / "missing.jsonl", "no such file"), (bad, "bad.jsonl"),
+                         (empty, "no sweep_point rows")):
+        rc, _, err = run_cli(["bench", "hosts", "--root", str(tmp_path / "hosts"), "--save", "h",
+                              "--profile", str(src / "host_profile.json"), "--rows", str(src / "sweep.jsonl"),
+                              "--repeat-rows", str(rows)])
+        assert rc in (1, 2) and needle in err, err
+        assert_clean(rc, err, "bench")
+        assert not (tmp_path / "hosts" / "h").exists()

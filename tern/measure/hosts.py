@@ -69,6 +69,8 @@ class CommittedHost:
 
 
 def _sweep_points(rows: str | os.PathLike | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not isinstance(rows, list) and not Path(rows).is_file():
+        raise ValueError(f"sweep rows {rows}: no such file")
     src = list(read_jsonl(rows)) if not isinstance(rows, list) else rows
     kept = [{k: r[k] for k in ROW_KEYS if k in r} for r in src if r.get("kind") == "sweep_point"]
     if not kept:
