@@ -295,3 +295,18 @@ def test_a_measured_row_is_predicted_at_the_context_it_decoded():
     assert short == pytest.approx(predict(cfg, host, 1, context=5).tok_per_s)  # (1 + ... + 8) / 8 = 4.5 -> 5
     assert predicted(cfg, host, 1, tokens=8)["predicted_tok_per_s"] == pytest.approx(short)
     assert predicted(cfg, host, 1)["predicted_tok_per_s"] == pytest.approx(full)
+
+
+def test_a_site_install_has_no_committed_hosts_and_plots_this_machine_alone(monkeypatch):
+    """What notebook 06 meets in a wheel install (Colab / Kaggle; tests/report/test_wheel_install
+    does not run it there, for time): no checkout, so no committed hosts, and the hosts figure
+    draws the machine's own points as its one panel."""
+    import tern.measure.hosts as hosts_mod
+    from tern.measure.plots_hosts import plot_hosts
+
+    monkeypatch.setattr(hosts_mod, "repo_root", lambda: None)
+    assert hosts_mod.hosts_root() is None and load_hosts() == []
+    here = repredict(HOSTS[0].rows, HOSTS[0].profile)
+    fig = plot_hosts({"this machine (now)": here, **{h.label: repredict(h.rows, h.profile) for h in load_hosts()}})
+    drawn = [ax for ax in fig.axes if ax.lines or ax.collections]
+    assert len(drawn) == 1 and "this machine" in drawn[0].get_title()

@@ -1,16 +1,17 @@
 """Figures show inside the executed notebooks (no library module switches Jupyter's inline
 display off), and the roofline explorer redraws its figure in place after a slider change.
 
-Notebooks 01 and 02 run in SMOKE mode through nbclient (papermill), as a Jupyter front end
-runs them; their stored outputs must hold PNG images, and the explorer's Output widget (its
-state as the front end holds it) must show a new PNG once a slider moved."""
+Notebook 02 runs in SMOKE mode through nbclient (papermill), as a Jupyter front end runs it;
+its stored outputs must hold PNG images, and the explorer's Output widget (its state as the
+front end holds it) must show a new PNG once a slider moved. Notebook 01's figures are
+checked on its smoke run (test_notebooks.AFTER_SMOKE)."""
 
 import hashlib
 import json
 
 import nbformat
 import pytest
-from test_notebooks import NB_DIR, execute_smoke
+from test_notebooks import NB_DIR, execute_smoke, image_counts
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -24,23 +25,8 @@ _after = EXPLORER.output.outputs[0]["data"]["image/png"]
 print("explorer redrew:", _after != _before, hashlib.sha256(_after.encode()).hexdigest())"""
 
 
-def _images(nb) -> dict[int, int]:
-    """Cell index -> number of image/png outputs."""
-    return {i: n for i, c in enumerate(nb.cells) if c.cell_type == "code"
-            and (n := sum("image/png" in o.get("data", {}) for o in c.outputs))}
-
-
 def _stdout(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
-
-
-def test_probe_notebook_shows_its_figures(tmp_path):
-    nb = execute_smoke(NB_DIR / "01_probe_host.ipynb", tmp_path)
-    shown = _images(nb)
-    figure_cells = [i for i, c in enumerate(nb.cells) if "plot_bandwidth(PROFILE" in c.source]
-    assert len(figure_cells) == 2 and all(shown.get(i) == 1 for i in figure_cells), shown
-    assert not any("<TernFigure" in o.get("data", {}).get("text/plain", "") and "image/png" not in o["data"]
-                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
 def test_roofline_notebook_figures_and_explorer_redraw(tmp_path):
@@ -49,7 +35,7 @@ def test_roofline_notebook_figures_and_explorer_redraw(tmp_path):
     path = tmp_path / "02_roofline.ipynb"
     nbformat.write(src, str(path))
     nb = execute_smoke(path, tmp_path / "run")
-    shown = _images(nb)
+    shown = image_counts(nb)
     for needle in ("plot_presets(", "plot_knee(", "plot_formats(", "plot_feasibility(", "fig = explore("):
         (i,) = [i for i, c in enumerate(nb.cells) if needle in c.source]
         assert shown.get(i) == 1, f"cell {i} ({needle}) shows no figure: {nb.cells[i].outputs}"
