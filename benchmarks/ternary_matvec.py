@@ -331,13 +331,15 @@ def run_distance(args: argparse.Namespace, threads: list[int], timing: TimingCon
 
 
 def prefetch_distances(text: str) -> list[int]:
-    """--prefetch-distance: comma-separated byte distances, each a positive multiple of 64."""
+    """--prefetch-distance: comma-separated byte distances, each a multiple of 64; 0 compiles
+    the passes without software prefetch (the "off" arm of the same interleaved run)."""
     try:
         ds = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated byte counts, got {text!r}") from None
-    if not ds or any(d <= 0 or d % 64 for d in ds):
-        raise argparse.ArgumentTypeError(f"distances must be positive multiples of 64 bytes, got {text!r}")
+    if not ds or any(d < 0 or d % 64 for d in ds) or len(set(ds)) != len(ds):
+        raise argparse.ArgumentTypeError(f"distances must be distinct multiples of 64 bytes (0: no prefetch), "
+                                         f"got {text!r}")
     return ds
 
 
@@ -424,7 +426,8 @@ def render(rows: list[dict]) -> str:
             note = f"prefetch {'on' if r['prefetch'] else 'off'}" + (
                 f", {r['pct_of_read_gbps']:.0f}% of read bandwidth" if "pct_of_read_gbps" in r else "")
         if "prefetch_bytes" in r:
-            note = f"{r['row_bytes']} B rows, prefetch {r['prefetch_bytes']} B ahead"
+            note = f"{r['row_bytes']} B rows, " + (f"prefetch {r['prefetch_bytes']} B ahead" if r["prefetch_bytes"]
+                                                   else "no software prefetch")
         if r["kernel"] == "read_bandwidth":
             note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
         lines.append(f"{r['section']:8s} {r['kernel']:16s} {r['rows']:>6d}x{r['cols']:<6d} {r['threads']:>3d} "

@@ -53,6 +53,8 @@ SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kern
 # 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3 (in cache
 # 60 -> 58 / 119 -> 108: the engine streams DRAM pools only). TERN_ROW_PREFETCH=0 / 1 overrides it at import;
 # it is compiled into every cached kernel running these passes, so give each setting its own NUMBA_CACHE_DIR.
+# Host-dependent: on AMD Zen 4 the one-row pass from DRAM ran faster without it at long rows (benchmarks/README,
+# "Row-pass prefetch on Zen 4"); kept on, since a per-host choice needs the probe and predictor to follow it.
 ROW_PREFETCH_DEFAULT = True
 ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
 

@@ -26,7 +26,7 @@ def test_distance_passes_compute_the_kernels_sums(tm):
     xq = np.random.default_rng(3).integers(-127, 128, size=cols, dtype=np.int8)
     ref = np.empty(rows, np.float32)
     kt.ternary_matvec(packed, np.ones(rows, np.float32), xq, np.float32(1), ref)
-    for distance in (4096, 8192):
+    for distance in (0, 4096, 8192):  # 0: compiled without software prefetch
         for name, fns in tm.distance_passes(distance).items():
             for fn in fns:  # 1-thread and parallel
                 out = np.full(rows, np.nan, np.float32)
@@ -48,7 +48,7 @@ def test_distance_section_rows(tm, tmp_path, capsys):
     assert "prefetch 8192 B ahead" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad", ["100", "0", "-64", "4k", ","])
+@pytest.mark.parametrize("bad", ["100", "-64", "4k", ",", "0,64,0"])
 def test_bad_distance_is_a_clear_error(tm, bad, capsys):
     with pytest.raises(SystemExit):
         tm.main(["--prefetch-distance", bad, "--out", ""])
