@@ -76,3 +76,8 @@ def test_runs_in_smoke_mode(path, tmp_path):
     nb = execute_smoke(path, tmp_path)
     if path.stem in AFTER_SMOKE:
         AFTER_SMOKE[path.stem](nb)
+
+
+def test_after_smoke_checks_name_real_notebooks():
+    """A renamed notebook must not silently lose the checks made on its smoke run."""
+    assert set(AFTER_SMOKE) <= {p.stem for p in NOTEBOOKS}, set(AFTER_SMOKE) - {p.stem for p in NOTEBOOKS}
