@@ -114,7 +114,7 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
         t = _lap(t, acc, C_QUANT)
         ops.bitlinear(buf, aux, G, T[l, ops.F_XP], T[l, ops.F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc)
         t = _lap(t, acc, C_MIX)
-        ops.selective_scan_step(ops.f32(buf, aux, T[l, ops.F_DT_W], R * Di).reshape(R, Di),
+        ops.selective_scan_step(ops.f32(buf, aux, T[l, ops.F_DT_W], Di * R).reshape(Di, R),
                                 ops.f32(buf, aux, T[l, ops.F_DT_B], Di),
                                 ops.f32(buf, aux, T[l, ops.F_A], N * Di).reshape(N, Di),
                                 ops.f32(buf, aux, T[l, ops.F_D], Di), ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
@@ -214,8 +214,10 @@ def timed_token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, w
     pos[0] += 1
 
 
-_DEPS = tuple(f"../tern/kernels/{f}" for f in ("ops.py", "kernels_ternary.py", "simd.py", "quant.py",
-                                               "kernels_dense.py", "fastmath.py"))
+# The engine files compiled into this module's cached code, found where the imported tern lives
+# (not beside this script: run against another checkout or a site install, the guard must hash
+# the code it compiled in; a stale cache here once timed the wrong dt layout as a 38 ms scan).
+_DEPS = tuple(str(Path(ops.__file__).resolve().parent / f) for f in ("ops.py",) + ops._DEPS)
 drop_stale_cache(__file__, _DEPS, timed_token_step)
 
 

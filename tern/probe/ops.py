@@ -133,9 +133,9 @@ def _drivers():
                 kd.matvec_fp32_nb(W, x, out)
 
     @numba.njit(cache=True)
-    def ssm(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, count):
+    def ssm(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, count):
         for _ in range(count):
-            ops.selective_scan_step(dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
+            ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
 
     @numba.njit(cache=True)
     def attn(q, kc, vc, t, NH, sc, y, count):
@@ -230,12 +230,12 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         return (lambda n: d["fp32"](W, x, out, n, par)), r, float(r * c)
     if op == "ssm_step":
         di, ns, rk = shape
-        dtwT = (0.1 * rng.standard_normal((rk, di))).astype(f32)
+        dtw = (0.1 * rng.standard_normal((di, rk))).astype(f32)
         AT = -np.abs(rng.standard_normal((ns, di))).astype(f32)
         hT, dbc = np.zeros((ns, di), f32), rng.standard_normal(rk + 2 * ns).astype(f32)
         uc = rng.standard_normal(di).astype(f32)
         z, dt, y, dtb, Dp = uc.copy(), np.zeros(di, f32), np.zeros(di, f32), np.zeros(di, f32), np.ones(di, f32)
-        return (lambda n: d["ssm"](dtwT, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
+        return (lambda n: d["ssm"](dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
     if op == "attention":
         dm, nh, npos = shape
         kc = rng.standard_normal((npos, dm)).astype(f32)

@@ -229,7 +229,7 @@ class Engine:
                 T[i, ops.F_OUT], T[i, ops.F_OUT_S] = self._matrix(aux, f"{p}.mixer.out_proj.weight", "rows")
                 T[i, ops.F_CONV_W] = aux.add(m.tensors[f"{p}.mixer.conv.weight"].T)  # (K, Di)
                 T[i, ops.F_CONV_B] = self._file_addr(f"{p}.mixer.conv.bias")
-                T[i, ops.F_DT_W] = aux.add(m.tensors[f"{p}.mixer.dt_proj.weight"].T)  # (R, Di)
+                T[i, ops.F_DT_W] = self._file_addr(f"{p}.mixer.dt_proj.weight")  # (Di, R) as stored
                 T[i, ops.F_DT_B] = self._file_addr(f"{p}.mixer.dt_proj.bias")
                 T[i, ops.F_D] = self._file_addr(f"{p}.mixer.D")
                 A_log = m.tensors[f"{p}.mixer.A_log"]

@@ -81,3 +81,17 @@ def test_main_writes_breakdown_and_ab_rows(ob, model, tmp_path, capsys):
     assert [r["variant"] for r in ab] == ["act_skip=False", "fused=False"] and all(r["identical_logits"] for r in ab)
     printed = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert [p["variant"] for p in printed if "variant" in p] == ["act_skip=False", "fused=False"]
+
+
+def test_cache_guard_hashes_the_imported_engine_files(ob):
+    """The timed step's numba cache is dropped when the engine code it compiled in changes: the
+    guard hashes the files of the tern that is imported (not files beside the script), every
+    file the engine's own token step guards, and they exist."""
+    from pathlib import Path
+
+    from tern.kernels import ops
+
+    here = Path(ops.__file__).resolve().parent
+    deps = [Path(d) for d in ob._DEPS]
+    assert all(d.is_absolute() and d.parent == here and d.is_file() for d in deps), deps
+    assert {d.name for d in deps} >= {"ops.py", *ops._DEPS}
