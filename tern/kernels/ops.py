@@ -405,9 +405,9 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     N, R, m = AT.shape[0], dtw.shape[1], i1 - i0
     dtv, yv, ucv = dt[i0:i1], y[i0:i1], uc[i0:i1]  # (a 2-D column slice or a loop from i0 > 0: 3-4x slower)
     for i in range(m):
-        s, w, dl = dtb[i0 + i], dtw[i0 + i], dbc[:R]
+        s, w = dtb[i0 + i], dtw[i0 + i]
         for r in range(R):
-            s += w[r] * dl[r]
+            s += w[r] * dbc[r]
         dtv[i] = s
     Dv = Dp[i0:i1]
     for i in range(m):

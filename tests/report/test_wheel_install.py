@@ -4,7 +4,7 @@ folder of its own and run notebooks from a copy outside the checkout with only t
 on the path (the venv supplies torch & co.; a fresh venv could not see them).
 
 By default the notebooks whose package code reads files by where tern is installed
-(WHERE_DEPENDENT: the shipped corpus and tokenizer, 03 / 04; the shipped gates and the
+(DEFAULT_NOTEBOOKS: the shipped corpus and tokenizer, 03 / 04; the shipped gates and the
 committed frontier rows, 07), after a first notebook that checks the kernel imports this
 install, sharing one RESULTS folder as in ``tern report``. The others call only code that
 finds nothing by location beyond RESULTS (the same tern.core.paths rule as these) and run in
@@ -34,8 +34,7 @@ from tern.report.summary import answers
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("tern", "data", "gates", "notebooks", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 SHIPPED = ("data/corpus", "data/tokenizers", "gates", "notebooks")  # what a wheel must carry
-WHERE_DEPENDENT = "03,04,07"  # notebooks whose package code finds files by the install location
-DEFAULT_NOTEBOOKS = WHERE_DEPENDENT
+DEFAULT_NOTEBOOKS = "03,04,07"  # notebooks whose package code finds files by the install location
 
 DRIVER = textwrap.dedent('''\
     import json, sys
