@@ -20,6 +20,9 @@ causal attention, eval's fp32 integer products instead of ``torch._int_mm``): wi
 with ``--threads``) and reports each one's figures: the layout question "two single-thread
 runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
 threads 1 against tokens_per_s at concurrent 1 / threads 2.
+``--device cuda`` times the same step on the GPU (synchronised before and after each step);
+``--concurrent N`` then answers how many gate runs one GPU should take side by side
+(N x tokens_per_s against concurrent 1).
 
 ``--whole-run`` times what a gate run costs instead: each measurement is one whole
 ``run_training`` of the arm (its gate's budget, or ``--run-steps``; seed 0; validation of
@@ -110,7 +113,7 @@ def use_reference_paths(run) -> None:
 
 def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup: int,
             eval_full: bool, eval_batch: int | None, backward: str | None = None,
-            profile: int = 0, paths: str = "fast") -> dict:
+            profile: int = 0, paths: str = "fast", device: str = "cpu") -> dict:
     import torch
 
     from tern.core.records import run_metadata, summarize
@@ -133,7 +136,8 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
         tc = tc.replace(cpu_backward=backward)
     if not arm.startswith("teacher:") and spec.arms[arm].distill:
         return measure_distill(spec, arm, mc, tc, threads, steps, warmup)
-    dev = torch.device("cpu")
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)  # time finished work
     with cpu_training_mode(tc, dev):
         run = loop._build_run(mc, tc, None, None, 0, 1, dev)
         if paths == "reference":
@@ -145,22 +149,27 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
         rows = slice(0, tc.batch_size)
         times = []
         for step in range(warmup + steps):
+            sync()
             t0 = time.perf_counter()
             loop._optimizer_step(run, step, rows)
+            sync()
             times.append(time.perf_counter() - t0)
         times = times[warmup:]
         prof = profile_steps(run, rows, warmup + steps, profile) if profile else None
         eval_s = None
         if eval_full:
             run.model.reset_stats()
+            sync()
             t0 = time.perf_counter()
             ev = loop._evaluate(run.model, run.data, tc, dev, None, 0, 0,
                                 **({"batch_size": eval_batch} if eval_batch else {}))
+            sync()
             eval_s = time.perf_counter() - t0
     s = summarize(times)
     tokens = tc.batch_size * tc.seq_len
     return {"record": "train_speed", "gate": spec.name, "arm": arm, "model_config": mc.to_dict(),
             "batch_size": tc.batch_size, "seq_len": tc.seq_len, "dispatch": dispatch,
+            "device": device, "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
             "cpu_backward": resolve_cpu_backward(tc), "paths": paths, "threads": threads, "steps_timed": steps,
             "warmup_steps": warmup, "step_s": s, "tokens_per_s": tokens / s["median"],
             "eval_s": eval_s, "eval_bpb": ev.get("bpb") if eval_full else None,
@@ -287,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", nargs="+", type=int, default=[2])
     p.add_argument("--concurrent", type=int, nargs="+", default=[1],
                    help="copies side by side (processes); several values: one measurement each")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the steps run (cuda: each copy of --concurrent shares the one GPU)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--eval", action="store_true", help="also time validation on the full split")
@@ -321,11 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     for arm, d, t, pa, bw, conc in itertools.product(a.arms, a.dispatch, a.threads, a.paths, a.backward,
                                                      a.concurrent):
         if a.one:
-            got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch, bw, a.profile, pa)]
+            got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch, bw, a.profile, pa,
+                           a.device)]
         else:
             cmd = [sys.executable, __file__, "--gate", a.gate, "--arms", arm, "--dispatch", d,
                    "--threads", str(t), "--steps", str(a.steps), "--warmup", str(a.warmup),
-                   "--paths", pa, "--profile", str(a.profile), "--one"]
+                   "--paths", pa, "--profile", str(a.profile), "--device", a.device, "--one"]
             cmd += ["--backward", bw] if bw else []
             cmd += ["--eval"] if a.eval else []
             cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
@@ -340,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(r))
                 continue
             ev = f", validation {r['eval_s']:.1f} s" if r["eval_s"] else ""
-            print(f"{r['gate']} {arm:>6} dispatch {d:<7} paths {pa:<9} backward {r['cpu_backward']} threads {t} concurrent "
+            print(f"{r['gate']} {arm:>6} {a.device} dispatch {d:<7} paths {pa:<9} backward {r['cpu_backward']} threads {t} concurrent "
                   f"{conc}: step median {r['step_s']['median'] * 1e3:7.1f} ms "
                   f"(min {(r['step_s']['min'] or 0) * 1e3:.1f}, max {(r['step_s']['max'] or 0) * 1e3:.1f}) "
                   f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)

@@ -41,6 +41,7 @@ JSON_FIELDS = """\
         spread_tokens, observed_delta, se_at_gate, mde_at_gate, target_effect, target_basis,
         seeds_needed, tokens_needed}], seeds_needed, arms_cost: {arm: {tokens, tok_per_s,
         eval_s, n, source, run_s}}, teachers_cost: {name: (the same)}, workers, cpu_wall_s, cpu_wall_s_needed, gpu_tok_per_s,
+        gpu_measured: {arm: {tok_per_s, eval_s, concurrent, total_tok_per_s, n, gpu}} or null,
         gpu_wall_s, gpu_wall_s_needed}]} (seconds; null where unknown)
   plot: {figures: [png paths]}"""
 
@@ -112,7 +113,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _configure_plan(sub: Any) -> None:
     q = sub.add_parser("plan", help="power before running: MDE at the gate's seeds, seeds / tokens "
-                                    "needed, wall time here (and on a GPU at a rate you give)")
+                                    "needed, wall time here (and on a GPU: a rate you give or measured rows)")
     q.add_argument("files", nargs="+", metavar="file", help="gate TOML file(s)")
     q.add_argument("--power", type=float, default=None, help="power of the MDE (default: the gate's "
                    "[plan] power, else 0.8)")
@@ -121,9 +122,10 @@ def _configure_plan(sub: Any) -> None:
     q.add_argument("--token-exponent", type=float, default=None, help="assume se ∝ tokens^-γ "
                    "(default: unknown — spread carried unchanged, no token count derived)")
     q.add_argument("--gpu-tok-per-s", type=float, default=None,
-                   help="a training rate measured on your GPU (tok/s); no GPU time without it")
+                   help="a training rate measured on your GPU (tok/s); wins over --speed rows measured there")
     q.add_argument("--speed", default=None, help="JSONL of train_speed rows (benchmarks/"
-                   "gate_train_speed.py): measured rates that win over the registry's")
+                   "gate_train_speed.py): measured rates that win over the registry's; rows measured "
+                   "with --device cuda give the GPU wall time")
     q.add_argument("--workers", type=int, default=1, help="runs side by side (rates as measured so)")
     q.add_argument("--pilot-steps", type=int, default=None, help="no spread in the registry: run a "
                    "pilot of this many steps first (3 seeds, into --registry)")

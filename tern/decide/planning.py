@@ -7,7 +7,10 @@ by ``tern gate plan --pilot-steps N``). Training rates come from measured rows o
 registry's ``gate_run`` rows (``metrics.tokens_per_s``; validation seconds = the run's
 wall_s − train_s) and ``train_speed`` rows of a speed file (``benchmarks/gate_train_speed.py``,
 which win where both match), matched on the resolved model config, batch, sequence length
-and distillation. A GPU figure is only ever one the user passes.
+and distillation. Speed rows measured on a GPU (``device: "cuda"``, `gate_train_speed.py
+--device cuda`) never price the CPU wall time: they give the GPU wall time, at the number of
+runs side by side (``concurrent``) whose summed rate was best; a ``--gpu-tok-per-s`` the
+user passes wins over them. Without either, the plan gives no GPU figure.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def measured_rates(rows: Sequence[dict], speed_rows: Sequence[dict] = ()) -> dic
                 rate = m.get("tokens_per_s")
                 ev = (m["wall_s"] - m["train_s"]) if {"wall_s", "train_s"} <= set(m) else 0.0
                 key = speed_key(r["model_config"], tc["batch_size"], tc["seq_len"], r.get("distill"))
-            elif r.get("record") == SPEED_RECORD:
+            elif r.get("record") == SPEED_RECORD and r.get("device", "cpu") == "cpu":
                 rate, ev = r.get("tokens_per_s"), r.get("eval_s", 0.0)
                 key = speed_key(r["model_config"], r["batch_size"], r["seq_len"], r.get("distill"))
             else:
@@ -58,6 +61,29 @@ def measured_rates(rows: Sequence[dict], speed_rows: Sequence[dict] = ()) -> dic
         for key, (rates, evs) in acc.items():
             out[key] = {"tok_per_s": statistics.median(rates), "eval_s": statistics.median(evs),
                         "n": len(rates), "source": source}
+    return out
+
+
+def measured_gpu_rates(speed_rows: Sequence[dict]) -> dict[str, dict]:
+    """speed_key -> {tok_per_s (median per run), eval_s (median), concurrent, total_tok_per_s,
+    n, gpu}: of the ``device: "cuda"`` speed rows of one key, the concurrency whose runs summed
+    to the highest rate (concurrent x median per-run rate)."""
+    acc: dict[str, dict[int, list[dict]]] = {}
+    for r in speed_rows:
+        if r.get("record") != SPEED_RECORD or r.get("device") != "cuda" or not r.get("tokens_per_s"):
+            continue
+        key = speed_key(r["model_config"], r["batch_size"], r["seq_len"], r.get("distill"))
+        acc.setdefault(key, {}).setdefault(int(r.get("concurrent") or 1), []).append(r)
+    out: dict[str, dict] = {}
+    for key, by_c in acc.items():
+        best = None
+        for c, rr in sorted(by_c.items()):
+            rate = statistics.median(float(r["tokens_per_s"]) for r in rr)
+            ev = statistics.median(float(r.get("eval_s") or 0.0) for r in rr)
+            if best is None or c * rate > best["total_tok_per_s"]:
+                best = {"tok_per_s": rate, "eval_s": ev, "concurrent": c, "total_tok_per_s": c * rate,
+                        "n": len(rr), "gpu": rr[0].get("gpu")}
+        out[key] = best
     return out
 
 
@@ -156,8 +182,20 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
         s = pw.total_seconds(runs, workers)
         return None if s is None or t is None else s + t
 
+    gpu_rates = measured_gpu_rates(speed_rows)
+    gpu_arms = {name: gpu_rates.get(speed_key(spec.model_config(name).to_dict(), b["batch_size"], b["seq_len"],
+                                              arm.distill)) for name, arm in spec.arms.items()}
+    # the GPU wall time from measured rows needs every arm measured (teachers are not timed there)
+    measured_gpu = not gpu_tok_per_s and not spec.teachers and all(gpu_arms.values())
+    shown_gpu = not gpu_tok_per_s and any(gpu_arms.values())
+
     def gpu(n: int | None) -> float | None:
-        if not gpu_tok_per_s or n is None:
+        if n is None:
+            return None
+        if measured_gpu:  # each arm's runs c at a time at their measured per-run rate and validation
+            return sum(n * (spec.arm_tokens(a) / g["tok_per_s"] + g["eval_s"]) / g["concurrent"]
+                       for a, g in gpu_arms.items())
+        if not gpu_tok_per_s:
             return None
         tok = sum(a["tokens"] for a in arms.values()) * n
         tok += sum(t.train["steps"] * t.train["batch_size"] * t.train["seq_len"] for t in spec.teachers.values())
@@ -167,6 +205,7 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
     n_need = max(seeds_needed, n_gate) if seeds_needed else None
     return {"arms_cost": arms, "teachers_cost": teacher_cost, "workers": workers, "cpu_wall_s": wall(n_gate),
             "cpu_wall_s_needed": wall(n_need), "gpu_tok_per_s": gpu_tok_per_s,
+            "gpu_measured": gpu_arms if shown_gpu else None,
             "gpu_wall_s": gpu(n_gate), "gpu_wall_s_needed": gpu(n_need)}
 
 
@@ -211,12 +250,19 @@ def format_plan(r: dict[str, Any]) -> str:
     w = f" over {r['workers']} workers" if r["workers"] > 1 else " (serial)"
     out.append(f"  wall time here{w}: {_mins(r['cpu_wall_s'])} at {r['seeds']} seeds; "
                f"{_mins(r['cpu_wall_s_needed'])} at the seeds needed ({r['seeds_needed'] or 'unknown'})")
-    if r["gpu_tok_per_s"]:
+    if r.get("gpu_measured"):
+        for a, g in r["gpu_measured"].items():
+            out.append(f"  GPU arm {a}: " + ("not measured" if g is None else
+                       f"{g['tok_per_s']:,.0f} tok/s per run x {g['concurrent']} side by side "
+                       f"+ {g['eval_s']:.1f} s validation (measured on {g['gpu'] or 'a GPU'}, n={g['n']})"))
+        out.append(f"  GPU wall time: {_mins(r['gpu_wall_s'])} at {r['seeds']} seeds; "
+                   f"{_mins(r['gpu_wall_s_needed'])} at the seeds needed")
+    elif r["gpu_tok_per_s"]:
         out.append(f"  GPU at the given {r['gpu_tok_per_s']:,.0f} tok/s (training only): "
                    f"{_mins(r['gpu_wall_s'])} at {r['seeds']} seeds; {_mins(r['gpu_wall_s_needed'])} "
                    f"at the seeds needed")
     else:
-        out.append("  GPU: no figure (pass --gpu-tok-per-s with a rate measured there)")
+        out.append("  GPU: no figure (pass --gpu-tok-per-s, or a --speed file with rows measured there)")
     return "\n".join(out)
 
 

@@ -184,6 +184,35 @@ def test_plan_spread_from_another_gate_and_speed_rows(tmp_path):
     assert r["arms_cost"]["B"]["source"] == "registry" and len(rates) == 2
 
 
+def test_gpu_speed_rows_price_the_gpu_not_the_cpu(tmp_path):
+    reg = tmp_path / "reg.jsonl"
+    path = write(tmp_path)
+    run_gate(path, reg, runner=Runner(), make_train=dict, progress=False)
+    spec, rows = load_gate(path), read_registry(reg)
+
+    def row(arm, rate, ev, conc):
+        return {"record": "train_speed", "device": "cuda", "gpu": "G", "model_config": spec.model_config(arm).to_dict(),
+                "batch_size": 2, "seq_len": 32, "tokens_per_s": rate, "eval_s": ev, "concurrent": conc}
+
+    # A: alone 64 tok/s; 4 side by side 32 each (summed 128: best) -> 4 at a time at 32 tok/s.
+    # B: alone 40; 2 side by side 16 each (summed 32 < 40) -> one at a time at 40 tok/s
+    speed = [row("A", 64.0, 1.0, 1), row("A", 32.0, 2.0, 4), row("A", 30.0, 2.0, 4), row("A", 34.0, 2.0, 4),
+             row("B", 40.0, 0.5, 1), row("B", 16.0, 1.0, 2), row("B", 16.0, 1.0, 2)]
+    r = plan_gate(spec, rows, speed_rows=speed)
+    assert r["arms_cost"]["A"]["source"] == "registry" and r["arms_cost"]["A"]["tok_per_s"] == 200.0  # CPU untouched
+    g = r["gpu_measured"]
+    assert (g["A"]["concurrent"], g["A"]["tok_per_s"], g["A"]["total_tok_per_s"]) == (4, 32.0, 128.0)
+    assert (g["B"]["concurrent"], g["B"]["tok_per_s"], g["B"]["n"]) == (1, 40.0, 1)
+    # 3 seeds, 128 tokens per run: A 3 x (128 / 32 + 2) / 4 = 4.5 s; B 3 x (128 / 40 + 0.5) / 1 = 11.1 s
+    assert r["gpu_wall_s"] == pytest.approx(4.5 + 11.1)
+    assert "GPU arm A: 32 tok/s per run x 4 side by side" in format_plan(r)
+    # a rate the user gives wins; one arm unmeasured: per-arm lines, no wall time
+    assert plan_gate(spec, rows, speed_rows=speed, gpu_tok_per_s=64.0)["gpu_wall_s"] == pytest.approx(6 * 128 / 64.0)
+    part = plan_gate(spec, rows, speed_rows=speed[:4])
+    assert part["gpu_wall_s"] is None and part["gpu_measured"]["B"] is None
+    assert "GPU arm B: not measured" in format_plan(part)
+
+
 def test_pilot_and_cli_plan(tmp_path, capsys, monkeypatch):
     path = write(tmp_path)
     pilot = pilot_spec(load_gate(path), 3)
