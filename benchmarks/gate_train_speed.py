@@ -317,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="--whole-run: checkouts to run each measurement with (default: this one)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child measurement
     a = p.parse_args(argv)
+    if a.device == "cuda" and not a.one:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("gate_train_speed: --device cuda, but torch sees no CUDA device here")
     if a.whole_run:
         if a.one:
             print(json.dumps(measure_whole_run(a.gate, a.arms[0], a.threads[0], a.run_steps)))
@@ -343,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
             # every measurement in fresh processes ("reference" patches module state)
             procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(conc)]
-            got = [json.loads(pr.communicate()[0].strip().splitlines()[-1]) for pr in procs]
+            outs = [pr.communicate()[0] for pr in procs]
+            if any(pr.returncode for pr in procs):  # the child's traceback is on stderr above
+                raise SystemExit(f"gate_train_speed: a measurement of {arm} failed "
+                                 f"(exit codes {[pr.returncode for pr in procs]})")
+            got = [json.loads(out.strip().splitlines()[-1]) for out in outs]
         for r in got:
             r["concurrent"] = conc
             r["code"], r["code_note"] = a.code, a.code_note

@@ -50,3 +50,15 @@ def test_whole_run_refuses_a_checkout_without_the_gate(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode != 0 and "is not in checkout" in res.stderr
     assert "tok/s" not in res.stdout
+
+
+def test_step_rows_say_where_they_ran_and_cuda_without_a_gpu_is_refused(tmp_path, monkeypatch):
+    gate = smoke_gate_file(tmp_path)
+    mod = _script()
+    row = mod.measure(str(gate), "B", "auto", 1, steps=1, warmup=0, eval_full=False, eval_batch=None)
+    assert row["device"] == "cpu" and row["gpu"] is None and row["tokens_per_s"] > 0
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        mod.main(["--gate", str(gate), "--arms", "B", "--device", "cuda"])

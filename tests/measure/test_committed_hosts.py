@@ -65,6 +65,13 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # thread) and 56.0 / 32.5 (2 threads). No prediction can meet +-20 % at 95 % of points
     # on a host whose own repeat meets it at 63 % (test_noisy_host_misses_are_its_own_spread)
     "amd-epyc-zen4-s20": (0.64, 0.147, "AMD Zen 4, session 20: the host's own repeat sweep is 63 % within +-20 %"),
+    # the same AMD Zen 4 VM a third time (session 22, commit cc846b1's engine, fresh probe):
+    # 41 / 50 within, median 9.3 % (1 thread 22 / 25, 2 threads 19 / 25), measured/predicted
+    # 0.70-1.51 both ways. Again the host moved under the sweep: its repeat sweep agreed with
+    # the first at 74 % of the points within +-20 % (35 % within +-10 %; second / first
+    # 0.72-1.52), and the kernel speed timed beside the points ran at a median 0.85 of the
+    # probe's, off by > 15 % at 25 of 50 points
+    "amd-epyc-zen4-s22": (0.82, 0.093, "AMD Zen 4, session 22: the host's own repeat sweep is 74 % within +-20 %"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -100,6 +107,13 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     ("amd-epyc-zen4-s20", "206m", 2): 0.222,
     ("amd-epyc-zen4-s20", "d1024-L24-E256k2-h512", 1): 0.264,
     ("amd-epyc-zen4-s20", "d1024-L24-E256k2-h512", 2): 0.177,
+    # session 22 on the same VM (above): 206m at 2 threads measured 1,690 tok/s against 2,238
+    # predicted, 105m 2,599 against 2,225; the 10B pick 143.8 / 125.9 tok/s (1 / 2 threads)
+    # against 123.4 / 160.5 (slower at 2 threads than at 1 in that sweep)
+    ("amd-epyc-zen4-s22", "105m", 2): 0.168,
+    ("amd-epyc-zen4-s22", "206m", 2): 0.245,
+    ("amd-epyc-zen4-s22", "d1024-L24-E256k2-h512", 1): 0.166,
+    ("amd-epyc-zen4-s22", "d1024-L24-E256k2-h512", 2): 0.215,
 }
 
 
@@ -160,7 +174,7 @@ def test_noisy_host_misses_are_its_own_spread():
     """A known miss blamed on the host's own spread carries a repeat sweep that shows it: the
     host agreed with itself at fewer points than the target asks of predictions."""
     noisy = [h for h in HOSTS if h.repeat_rows]
-    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20"]
+    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22"]
     for h in noisy:
         r = repeatability(h.rows, h.repeat_rows)
         assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
