@@ -15,7 +15,12 @@ config's own); ``--paths reference`` runs the step without the fused CPU paths o
 causal attention, eval's fp32 integer products instead of ``torch._int_mm``): with
 ``--paths reference fast --backward fp32 bf16`` one run compares the old and new step
 (``--code`` / ``--code-note`` tag the rows); ``--profile N`` adds where a step's time goes
-(torch.profiler over N more steps: self CPU ms per step by category, ``profile_ms``).
+(torch.profiler over N more steps: self CPU ms per step by category, ``profile_ms``; on
+CUDA also the GPU's kernel ms per step, kernels per step, the GPU-busy share of the profiled
+wall time and the synchronising runtime calls per step). Profiled steps run slower and the
+categories are shares of that: on CPU (AMD Zen 4, gate-4 e8, 1 thread) log-softmax showed
+31 ms a call under the profiler and ~1 ms timed directly in the same step, so check a
+category's share with py-spy before acting on it.
 ``--concurrent 2`` runs two copies of each measurement side by side in two processes (each
 with ``--threads``) and reports each one's figures: the layout question "two single-thread
 runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
@@ -71,26 +76,43 @@ def profile_steps(run, rows, first_step: int, n: int) -> dict:
     """Self CPU ms per step by category over ``n`` steps (torch.profiler), the optimizer's
     total (its ops are also counted in their categories) and the wall ms per profiled step
     (the profiler's own overhead included)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from tern.train import loop
 
+    cuda = run.dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
     t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for step in range(first_step, first_step + n):
             loop._optimizer_step(run, step, rows)
+        sync()
     wall = (time.perf_counter() - t0) / n * 1e3
     cats: dict[str, float] = {}
-    opt = 0.0
+    opt = kernel_us = 0.0
+    kernels = 0
+    runtime: dict[str, int] = {}  # CUDA runtime calls that wait for the GPU or copy: syncs
     for e in prof.key_averages():
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):  # a kernel (or copy) on the GPU
+            kernel_us += e.self_device_time_total
+            kernels += e.count
+            continue
+        if e.key.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+                             "cudaEventSynchronize")):
+            runtime[e.key] = runtime.get(e.key, 0) + e.count
         if e.key.startswith("Optimizer."):
             opt += e.cpu_time_total
             continue
         c = next((c for c, pre in PROFILE_CATEGORIES if e.key.startswith(pre)), "other torch ops")
         cats[c] = cats.get(c, 0.0) + e.self_cpu_time_total
     out = {c: v / n / 1e3 for c, v in sorted(cats.items(), key=lambda kv: -kv[1])}
+    gpu = ({"device_ms_per_step": kernel_us / n / 1e3, "kernels_per_step": kernels / n,
+            "device_busy_share": kernel_us / n / 1e3 / wall,  # GPU time / wall: low = the host's ops set the pace
+            "sync_calls_per_step": {k: v / n for k, v in sorted(runtime.items())}} if cuda else {})
     return {"self_ms_per_step": out, "optimizer_total_ms": opt / n / 1e3,
-            "profiled_wall_ms": wall, "steps": n}
+            "profiled_wall_ms": wall, "steps": n, **gpu}
 
 
 def use_reference_paths(run) -> None:
@@ -367,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
             for c, v in ((r.get("profile_ms") or {}).get("self_ms_per_step") or {}).items():
                 print(f"    {c:<42} {v:7.1f} ms/step (self CPU)")
+            prof = r.get("profile_ms") or {}
+            if "device_ms_per_step" in prof:
+                print(f"    GPU kernels: {prof['device_ms_per_step']:.1f} ms/step over "
+                      f"{prof['kernels_per_step']:,.0f} kernels ({prof['device_busy_share']:.0%} of the profiled "
+                      f"wall); waits/copies per step: {prof['sync_calls_per_step']}")
     if a.out and not a.one:
         from tern.core.records import append_jsonl
 

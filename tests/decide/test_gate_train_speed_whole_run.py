@@ -55,8 +55,10 @@ def test_whole_run_refuses_a_checkout_without_the_gate(tmp_path):
 def test_step_rows_say_where_they_ran_and_cuda_without_a_gpu_is_refused(tmp_path, monkeypatch):
     gate = smoke_gate_file(tmp_path)
     mod = _script()
-    row = mod.measure(str(gate), "B", "auto", 1, steps=1, warmup=0, eval_full=False, eval_batch=None)
+    row = mod.measure(str(gate), "B", "auto", 1, steps=1, warmup=0, eval_full=False, eval_batch=None, profile=1)
     assert row["device"] == "cpu" and row["gpu"] is None and row["tokens_per_s"] > 0
+    prof = row["profile_ms"]  # CPU: self CPU ms by category, no GPU figures
+    assert prof["steps"] == 1 and sum(prof["self_ms_per_step"].values()) > 0 and "device_ms_per_step" not in prof
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
