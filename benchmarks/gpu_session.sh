@@ -5,7 +5,8 @@
 # gpu (default), one after the other so that nothing runs beside a rate: the step rates of the
 #   GPU capacity study's four arms alone and 4 side by side (benchmarks/gate_train_speed.py
 #   --device cuda: `tern gate plan --speed` prices the study from them) and a profile of the
-#   e8 / e64 steps (GPU kernel time against wall, kernels and syncs per step), the CUDA checks of
+#   e8 / e64 steps with the default dispatch and the bf16 grouped one (GPU kernel time against
+#   wall, kernels and syncs per step), the CUDA checks of
 #   training (tests/train/test_cuda.py), the 30M preset alone on the GPU (exported to a packed
 #   model), and the torch.compile check with what time is left.
 # host: the machine's CPU alone (issue 17): a full probe on two physical cores, then the
@@ -72,7 +73,7 @@ gpu)
   stamp speed $? >> "$OUT/gate_train_speed.txt"
   # where a GPU step's time goes: kernel time against wall, kernels and syncs per step
   taskset -c "$REST" timeout "$(left 170)" "$PY" benchmarks/gate_train_speed.py --gate "$GATE" \
-    --arms e8 e64 --device cuda --threads 1 --steps 5 --warmup 3 --profile 5 \
+    --arms e8 e64 --dispatch auto grouped --device cuda --threads 1 --steps 5 --warmup 3 --profile 5 \
     --out "$OUT/gate_train_profile_cuda.jsonl" >> "$OUT/gate_train_speed.txt" 2>&1
   stamp profile $? >> "$OUT/gate_train_speed.txt"
   taskset -c "$HOST" timeout "$(left 100)" "$PY" -m pytest -q -rA -p no:cacheprovider tests/train/test_cuda.py \

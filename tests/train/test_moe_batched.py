@@ -107,12 +107,43 @@ def test_cpu_auto_dispatch_is_grouped(monkeypatch):
                         lambda self, *a: called.append(1) or real(self, *a))
     moe(torch.randn(1, 5, CFG.d_model))
     assert called == [1]
-    monkeypatch.setitem(moe_mod._GROUPED, "cpu", False)  # a torch without it: the loop
+    monkeypatch.setitem(moe_mod._GROUPED, "cpu", None)  # a torch without it: the loop
     moe(torch.randn(1, 5, CFG.d_model))
     assert called == [1]
     moe.dispatch = "grouped"
     with pytest.raises(ValueError, match="_grouped_mm"):
         moe(torch.randn(1, 5, CFG.d_model))
+
+
+def test_a_device_with_bf16_grouped_only_takes_it_within_bf16_rounding(monkeypatch):
+    """A torch whose _grouped_mm runs bf16 only (CUDA on Hopper) gets the bf16 path. Its
+    operands are exact in bf16 in eval (integer codes), but its output is bf16 too (torch
+    refuses a float32 out_dtype), so each product is rounded to 8 significant bits, as
+    autocast's batched products are: close to the loop, not bit-identical."""
+    real = torch._grouped_mm
+
+    def bf16_only(a, b, **kw):
+        if a.dtype != torch.bfloat16:
+            raise RuntimeError("expected bf16 operands")
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_grouped_mm", bf16_only)
+    monkeypatch.delitem(moe_mod._GROUPED, "cpu", raising=False)
+    assert moe_mod.grouped_dtype("cpu") == torch.bfloat16
+    assert not moe_mod.grouped_fits(36, 16, torch.bfloat16) and moe_mod.grouped_fits(32, 16, torch.bfloat16)
+    torch.manual_seed(4)
+    x = torch.randn(2, 13, CFG.d_model)
+    with torch.no_grad():
+        outs, _ = run_modes(moe_layer(), x, train=False)
+    scale = outs["loop"].abs().max().item()
+    assert not torch.equal(outs["grouped"], outs["loop"])  # the bf16 path ran
+    torch.testing.assert_close(outs["grouped"], outs["loop"], rtol=0.02, atol=0.01 * scale)
+    outs, grads = run_modes(moe_layer(), x, train=True)
+    torch.testing.assert_close(outs["grouped"], outs["loop"], rtol=0.02, atol=0.02 * outs["loop"].abs().max().item())
+    # bf16-rounded pre-activations near zero flip some dReLU gates, so the gate weights'
+    # gradient moves most (~17 % of its norm in this 26-token case): same direction
+    for g_grouped, g_loop in zip(grads["grouped"], grads["loop"], strict=True):
+        assert torch.nn.functional.cosine_similarity(g_grouped.flatten(), g_loop.flatten(), dim=0) > 0.95
 
 
 def test_unknown_dispatch_is_a_value_error():

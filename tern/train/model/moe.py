@@ -7,7 +7,8 @@
 Dropless: every token reaches all of its k experts. Dispatch sorts the (token, expert)
 assignments by expert; the experts then run as one grouped matmul pair over the sorted
 rows (``torch._grouped_mm``: each expert's contiguous slice times its own weights, no
-padding, one call for all experts — CPU default where torch has it), as batched matmuls
+padding, one call for all experts — CPU default where torch has it; in bf16 where torch
+runs it only so, as CUDA on Hopper: selectable there, not yet measured), as batched matmuls
 over (E, cap, D) (cap = the busiest expert's count, padding rows dropped; CUDA default
 unless padding would add more than half the rows), or as one matmul pair per expert on
 its contiguous slice (the loop). All compute the same products: eval (integer dot
@@ -32,30 +33,44 @@ from tern.train.model.mlp import ZeroStats, activation, gated_ffn
 from tern.train.model.ternary import QMAX, Operand, is_ternary, prepare_input, prepare_weight
 
 DISPATCH_MODES = ("auto", "grouped", "padded", "loop")
-_GROUPED: dict[str, bool] = {}
+_GROUPED: dict[str, torch.dtype | None] = {}
 
 
-def grouped_available(device: torch.device | str = "cpu") -> bool:
-    """Whether ``torch._grouped_mm`` runs float32 on ``device`` with its backward (probed
-    once per device type on a tiny case: a private torch API that may be missing)."""
+def grouped_dtype(device: torch.device | str = "cpu") -> torch.dtype | None:
+    """The dtype ``torch._grouped_mm`` runs in on ``device`` with its backward, in the layout
+    grouped_qmatmul calls it with (each expert's weights transposed): float32 where it can
+    (CPU), else bfloat16 (CUDA builds that have it only for bf16, e.g. on Hopper), else None.
+    Probed once per device type on a tiny case: a private torch API that may be missing."""
     kind = torch.device(device).type
     if kind not in _GROUPED:
-        try:
-            a = torch.randn(12, 8, device=device, requires_grad=True)
-            b = torch.randn(3, 8, 4, device=device, requires_grad=True)
-            y = torch._grouped_mm(a, b, offs=torch.tensor([4, 4, 12], dtype=torch.int32, device=device))
-            y.backward(torch.ones_like(y))
-            _GROUPED[kind] = bool(torch.allclose(y[4:], a[4:] @ b[2], atol=1e-5)
-                                  and torch.count_nonzero(b.grad[1]) == 0)
-        except (AttributeError, RuntimeError, TypeError, NotImplementedError):
-            _GROUPED[kind] = False
+        _GROUPED[kind] = None
+        for dt in (torch.float32, torch.bfloat16):
+            try:
+                a = torch.randn(48, 16, device=device, dtype=dt, requires_grad=True)
+                b = torch.randn(3, 16, 16, device=device, dtype=dt).transpose(-1, -2).requires_grad_(True)
+                y = torch._grouped_mm(a, b, offs=torch.tensor([16, 16, 48], dtype=torch.int32, device=device))
+                y.backward(torch.ones_like(y))  # a contiguous gradient (an expanded one is refused)
+                tol = 1e-5 if dt == torch.float32 else 0.05
+                ok = bool(torch.allclose(y[16:].float(), (a[16:] @ b[2]).float(), atol=tol, rtol=tol)
+                          and torch.count_nonzero(b.grad[1]) == 0)
+            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+                ok = False
+            if ok:
+                _GROUPED[kind] = dt
+                break
     return _GROUPED[kind]
 
 
-def grouped_fits(d_model: int, hidden: int) -> bool:
-    """torch._grouped_mm wants row strides of whole 16-byte units: fp32 widths that are
-    multiples of 4."""
-    return d_model % 4 == 0 and hidden % 4 == 0
+def grouped_available(device: torch.device | str = "cpu") -> bool:
+    """Whether ``torch._grouped_mm`` runs with its backward on ``device`` (grouped_dtype)."""
+    return grouped_dtype(device) is not None
+
+
+def grouped_fits(d_model: int, hidden: int, dtype: torch.dtype = torch.float32) -> bool:
+    """torch._grouped_mm wants row strides of whole 16-byte units: widths that are multiples
+    of 4 (float32) or 8 (bfloat16)."""
+    m = 16 // torch.tensor([], dtype=dtype).element_size()
+    return d_model % m == 0 and hidden % m == 0
 
 
 def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: torch.Tensor) -> torch.Tensor:
@@ -65,7 +80,8 @@ def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: 
     product of the dequantized operands (STE gradients, as the batched mode); eval: the
     integer dot product, then ``s_r * (a / 127)`` in the order tern.train.model.ternary.qmatmul
     uses, so eval is bit-identical to the per-expert loop."""
-    acc = torch._grouped_mm(xin.values, win.values.transpose(-1, -2), offs=offs)  # (m, out)
+    dt = grouped_dtype(xin.values.device)  # bf16 where only that runs: bf16 products, as autocast's (eval not bit-identical)
+    acc = torch._grouped_mm(xin.values.to(dt), win.values.to(dt).transpose(-1, -2), offs=offs).float()  # (m, out)
     if xin.scale is None:
         return acc
     s = win.scale.squeeze(-1).index_select(0, row_expert)  # (m, out) each row's expert's scales
@@ -234,10 +250,11 @@ class MoE(nn.Module):
             else:  # measured fastest on CPU at 8-64 experts (benchmarks/gate_train_speed.py)
                 ok = grouped_available(x2.device) and grouped_fits(shape[-1], self.hidden)
                 mode = "grouped" if ok else "loop"
-        if mode == "grouped" and not (grouped_available(x2.device) and grouped_fits(shape[-1], self.hidden)):
+        gdt = grouped_dtype(x2.device)
+        if mode == "grouped" and not (gdt is not None and grouped_fits(shape[-1], self.hidden, gdt)):
             raise ValueError(f"MoE dispatch 'grouped' needs torch._grouped_mm on {x2.device.type} "
                              f"(torch {torch.__version__}) and d_model, expert_hidden multiples of 4 "
-                             f"(got {shape[-1]}, {self.hidden}); use 'loop' or 'padded'")
+                             f"(got {shape[-1]}, {self.hidden}; multiples of 8 in bf16); use 'loop' or 'padded'")
         experts = {"grouped": self._experts_grouped, "padded": self._experts_padded,
                    "loop": self._experts_loop}[mode]
         y_sorted = experts(xs, counts, tr, et)  # (n*k, D) in sorted order
