@@ -155,12 +155,13 @@ def _geo(x: int | None, y: int | None) -> int:
 
 
 def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers) -> dict[str, Any]:
-    rates = measured_rates(rows, speed_rows)
+    rates, gpu_rates = measured_rates(rows, speed_rows), measured_gpu_rates(speed_rows)
     b = spec.budget
-    arms = {}
+    arms, gpu_arms = {}, {}
     for name, arm in spec.arms.items():
         key = speed_key(spec.model_config(name).to_dict(), b["batch_size"], b["seq_len"], arm.distill)
         r = rates.get(key)
+        gpu_arms[name] = gpu_rates.get(key)
         arms[name] = {"tokens": spec.arm_tokens(name), **(r or {"tok_per_s": None, "eval_s": None,
                                                               "n": 0, "source": "none"})}
         arms[name]["run_s"] = pw.run_seconds(spec.arm_tokens(name), arms[name]["tok_per_s"],
@@ -182,9 +183,6 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
         s = pw.total_seconds(runs, workers)
         return None if s is None or t is None else s + t
 
-    gpu_rates = measured_gpu_rates(speed_rows)
-    gpu_arms = {name: gpu_rates.get(speed_key(spec.model_config(name).to_dict(), b["batch_size"], b["seq_len"],
-                                              arm.distill)) for name, arm in spec.arms.items()}
     # the GPU wall time from measured rows needs every arm measured (teachers are not timed there)
     measured_gpu = not gpu_tok_per_s and not spec.teachers and all(gpu_arms.values())
     shown_gpu = not gpu_tok_per_s and any(gpu_arms.values())
@@ -193,7 +191,7 @@ def _cost(spec: GateSpec, rows, speed_rows, seeds_needed, gpu_tok_per_s, workers
         if n is None:
             return None
         if measured_gpu:  # each arm's runs c at a time at their measured per-run rate and validation
-            return sum(n * (spec.arm_tokens(a) / g["tok_per_s"] + g["eval_s"]) / g["concurrent"]
+            return sum(n * (arms[a]["tokens"] / g["tok_per_s"] + g["eval_s"]) / g["concurrent"]
                        for a, g in gpu_arms.items())
         if not gpu_tok_per_s:
             return None

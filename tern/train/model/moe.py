@@ -69,7 +69,7 @@ def grouped_available(device: torch.device | str = "cpu") -> bool:
 def grouped_fits(d_model: int, hidden: int, dtype: torch.dtype = torch.float32) -> bool:
     """torch._grouped_mm wants row strides of whole 16-byte units: widths that are multiples
     of 4 (float32) or 8 (bfloat16)."""
-    m = 16 // torch.tensor([], dtype=dtype).element_size()
+    m = 128 // torch.finfo(dtype).bits
     return d_model % m == 0 and hidden % m == 0
 
 
@@ -79,8 +79,9 @@ def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: 
     offs (E,) int32 cumulative row counts, row_expert (m,) -> (m, out). Training: the fp32
     product of the dequantized operands (STE gradients, as the batched mode); eval: the
     integer dot product, then ``s_r * (a / 127)`` in the order tern.train.model.ternary.qmatmul
-    uses, so eval is bit-identical to the per-expert loop."""
-    dt = grouped_dtype(xin.values.device)  # bf16 where only that runs: bf16 products, as autocast's (eval not bit-identical)
+    uses, so eval is bit-identical to the per-expert loop in float32 (grouped_dtype); in bf16
+    the products come back rounded to bf16, as autocast's do."""
+    dt = grouped_dtype(xin.values.device)
     acc = torch._grouped_mm(xin.values.to(dt), win.values.to(dt).transpose(-1, -2), offs=offs).float()  # (m, out)
     if xin.scale is None:
         return acc
@@ -247,10 +248,10 @@ class MoE(nn.Module):
         if mode == "auto":
             if x2.is_cuda:  # batched unless padding adds > 50 % rows
                 mode = "padded" if max(counts) * E <= 1.5 * n * k else "loop"
-            else:  # measured fastest on CPU at 8-64 experts (benchmarks/gate_train_speed.py)
-                ok = grouped_available(x2.device) and grouped_fits(shape[-1], self.hidden)
+            else:  # measured fastest on CPU at 8-64 experts in float32 (benchmarks/gate_train_speed.py)
+                ok = grouped_dtype(x2.device) == torch.float32 and grouped_fits(shape[-1], self.hidden)
                 mode = "grouped" if ok else "loop"
-        gdt = grouped_dtype(x2.device)
+        gdt = grouped_dtype(x2.device) if mode == "grouped" else None
         if mode == "grouped" and not (gdt is not None and grouped_fits(shape[-1], self.hidden, gdt)):
             raise ValueError(f"MoE dispatch 'grouped' needs torch._grouped_mm on {x2.device.type} "
                              f"(torch {torch.__version__}) and d_model, expert_hidden multiples of 4 "
