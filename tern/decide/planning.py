@@ -298,6 +298,11 @@ def plan_files(files: Sequence[str], registry: str | None = None, *, speed: str 
     speed_rows = read_jsonl(speed) if speed else []
     if speed and not speed_rows:
         raise ValueError(f"speed file {speed} holds no rows")
+    for i, r in enumerate(speed_rows, 1):  # rows measured_rates / measured_gpu_rates read
+        if r.get("record") == SPEED_RECORD and not (isinstance(r.get("model_config"), dict) and all(
+                isinstance(r.get(k), (int, float)) for k in ("batch_size", "seq_len", "tokens_per_s"))):
+            raise ValueError(f"speed file {speed}, row {i}: a train_speed row needs model_config, batch_size, "
+                             f"seq_len and tokens_per_s (benchmarks/gate_train_speed.py writes them)")
     out = []
     for spec in specs:
         rows = plan_rows(registry)

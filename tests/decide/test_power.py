@@ -232,6 +232,11 @@ def test_pilot_and_cli_plan(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "GPU at the given 500 tok/s" in out and "MDE" in out
     assert cli.main(["gate", "plan", str(tmp_path / "nope.toml"), "--registry", str(reg)]) == 2
+    bad = tmp_path / "speed.jsonl"  # a GPU speed row without its model: an error naming the row
+    bad.write_text('{"record": "train_speed", "device": "cuda", "tokens_per_s": 5}\n')
+    capsys.readouterr()
+    assert cli.main(["gate", "plan", str(path), "--registry", str(reg), "--speed", str(bad)]) == 2
+    assert "row 1: a train_speed row needs model_config" in capsys.readouterr().err
 
 
 # ---- MDE in verdicts -------------------------------------------------------------------
