@@ -55,6 +55,7 @@ import numba
 import numpy as np
 from tqdm.auto import tqdm
 
+from tern.core.engine_tuning import stream_prefetch_choice
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.kernels import kernels_b3 as kb
 from tern.kernels import kernels_ternary as kt
@@ -155,7 +156,8 @@ def measure_b3(kernel: str, b3: np.ndarray | None, t2: np.ndarray, cols: int, th
                seed: int = 0, prefetch: bool | None = None) -> dict:
     """One b3-section row: ``kernel`` ("ternary2", "ternary2_stream" or "b3") on the matrix;
     ``prefetch`` True / False: the ternary2 passes with software prefetch on / off
-    (kt.ternary_matvec_rows; None: the default kernels, kt.ROW_PREFETCH)."""
+    (kt.ternary_matvec_rows; None: the default kernels, kt.ROW_PREFETCH, and the engine's
+    streaming kernel with this host's choice, tern.core.engine_tuning)."""
     rows = t2.shape[0]
     rng = np.random.default_rng(seed)
     rs = rng.random(rows, dtype=np.float32) + np.float32(0.5)
@@ -178,10 +180,15 @@ def measure_b3(kernel: str, b3: np.ndarray | None, t2: np.ndarray, cols: int, th
         def call():
             fn(t2, rs, xq, xs, out, one_row, prefetch)
         weight_bytes = t2.nbytes
+    elif kernel == "ternary2_stream":  # the engine's streaming kernel, with this host's prefetch choice
+        fn = kt.ternary_matvec_stream_par if par else kt.ternary_matvec_stream
+        pf = stream_prefetch_choice()
+
+        def call():
+            fn(t2, rs, xq, xs, out, pf)
+        weight_bytes = t2.nbytes
     else:
-        fn = {("ternary2", False): kt.ternary_matvec, ("ternary2", True): kt.ternary_matvec_par,
-              ("ternary2_stream", False): kt.ternary_matvec_stream,
-              ("ternary2_stream", True): kt.ternary_matvec_stream_par}[(kernel, par)]
+        fn = kt.ternary_matvec_par if par else kt.ternary_matvec
 
         def call():
             fn(t2, rs, xq, xs, out)

@@ -29,6 +29,15 @@ TRAIN_TINY = ModelConfig(name="tiny", vocab_size=64, d_model=32, n_layers=2, att
                          expert_hidden=16, n_shared=1, shared_hidden=16, max_seq_len=32)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_engine_tuning(tmp_path_factory):
+    """Tests never read or write this user's engine tuning file (tern.core.engine_tuning):
+    TERN_TUNING_FILE points into a session temp folder (subprocesses inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TERN_TUNING_FILE", str(tmp_path_factory.mktemp("tuning") / "engine_tuning.json"))
+        yield
+
+
 @pytest.fixture(scope="session")
 def small_cfg() -> ModelConfig:
     return SMALL

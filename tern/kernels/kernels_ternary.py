@@ -50,11 +50,10 @@ SKIP_PREFETCH_GROUPS = 2  # software prefetch distance of the skip kernel, in gr
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
 # Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). AMD EPYC Zen 5, same run
 # (benchmarks/ternary_matvec.py --prefetch), GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 /
-# 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3 (in cache
-# 60 -> 58 / 119 -> 108: the engine streams DRAM pools only). TERN_ROW_PREFETCH=0 / 1 overrides it at import;
-# it is compiled into every cached kernel running these passes, so give each setting its own NUMBA_CACHE_DIR.
-# Host-dependent: on AMD Zen 4 the one-row pass from DRAM ran faster without it at long rows (benchmarks/README,
-# "Row-pass prefetch on Zen 4"); kept on, since a per-host choice needs the probe and predictor to follow it.
+# 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3. The 4-row
+# passes take ROW_PREFETCH (TERN_ROW_PREFETCH=0 / 1 overrides it at import; compiled in: give each setting its own
+# NUMBA_CACHE_DIR). The engine's one-row pass takes it as an argument (ternary_matvec_stream): on AMD Zen 4 it ran
+# faster from DRAM without, so the probe times both and the engine follows (tern.core.engine_tuning).
 ROW_PREFETCH_DEFAULT = True
 ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
 
@@ -128,12 +127,10 @@ def ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out):
 
 @numba.njit(cache=True, inline="always")
 def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1, prefetch):
-    """Rows r0..r1-1 one at a time, in address order: one sequential read stream (also
-    the tail rows of the 4-row pass). The 4-row pass of _rows_simd reads 4 streams a row apart; once rows are longer than a few hundred bytes and the
-    matrix comes from DRAM, the hardware prefetcher follows 4 short streams badly (measured
-    on Zen 4 with benchmarks/ternary_matvec.py --row-length: 7-10 GB/s at 512 B - 8 KB rows
-    against 18-21 GB/s for this form, which is ~15 % slower in cache instead). Which matrices
-    use it: tern.kernels.policy.stream_row_bytes (the engine and the roofline share the rule). ``prefetch``: see ROW_PREFETCH."""
+    """Rows r0..r1-1 one at a time in address order, one sequential read stream (also the 4-row pass's tail
+    rows). From DRAM the hardware prefetcher follows the 4-row pass's 4 streams badly once rows pass a few hundred
+    bytes (Zen 4, benchmarks/ternary_matvec.py --row-length: 7-10 GB/s at 512 B - 8 KB rows, this form 18-21, ~15 %
+    slower in cache). Used per tern.kernels.policy.stream_row_bytes. ``prefetch``: see ROW_PREFETCH."""
     nfull = xq.shape[0] // SEG_COLS
     gtail = packed.shape[1] - nfull * SEG_BYTES
     for r in range(r0, r1):
@@ -191,8 +188,6 @@ def ternary_matvec_rows_par(packed, row_scale, xq, x_scale, out, one_row, prefet
     _simd_par(packed, row_scale, xq, x_scale, out, one_row, prefetch)
 
 
-# ---- variant "simd", one row per pass (the streaming form; see _rows_stream) ----------------
-
 @numba.njit(cache=True)
 def ternary_matvec_simd_stream(packed, row_scale, xq, x_scale, out):
     """Variant "simd", one row per pass (one sequential read stream; see _rows_stream)."""
@@ -206,18 +201,27 @@ def ternary_matvec_simd_stream_par(packed, row_scale, xq, x_scale, out):
 
 
 # ---- default ---------------------------------------------------------------------------------
-# Rule (measured on AMD EPYC Zen 4 with benchmarks/ternary_matvec.py; documented in
-# tern.probe.ternary_variants): the "simd" variant wherever tern.kernels.simd found AVX2 or
-# AVX-512 when this module was imported, else the portable "unpack" variant — the only two
-# that read the stored layout directly. ternary_variants.calibrate_kernels() re-measures.
+# Rule (Zen 4, benchmarks/ternary_matvec.py; tern.probe.ternary_variants): "simd" where tern.kernels.simd found
+# AVX2 / AVX-512 at import, else the portable "unpack" (both read the stored layout; calibrate_kernels re-measures).
 DEFAULT_VARIANT = "simd" if ROW_DOT_ISA != "none" else "unpack"
 
 _DEFAULT = ternary_matvec_simd if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
 _DEFAULT_PAR = ternary_matvec_simd_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
 
 
-_STREAM = ternary_matvec_simd_stream if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack
-_STREAM_PAR = ternary_matvec_simd_stream_par if DEFAULT_VARIANT == "simd" else ternary_matvec_unpack_par
+@numba.njit(cache=True)
+def _unpack_rows(packed, row_scale, xq, x_scale, out, one_row, prefetch):
+    """Variant "unpack" in ternary_matvec_rows's signature (it reads rows in address order)."""
+    ternary_matvec_unpack(packed, row_scale, xq, x_scale, out)
+
+
+@numba.njit(cache=True)
+def _unpack_rows_par(packed, row_scale, xq, x_scale, out, one_row, prefetch):
+    ternary_matvec_unpack_par(packed, row_scale, xq, x_scale, out)
+
+
+_ROWS = ternary_matvec_rows if DEFAULT_VARIANT == "simd" else _unpack_rows
+_ROWS_PAR = ternary_matvec_rows_par if DEFAULT_VARIANT == "simd" else _unpack_rows_par
 
 
 @numba.njit(cache=True)
@@ -233,16 +237,16 @@ def ternary_matvec_par(packed, row_scale, xq, x_scale, out):
 
 
 @numba.njit(cache=True)
-def ternary_matvec_stream(packed, row_scale, xq, x_scale, out):
-    """Default single-thread streaming ternary matvec (rows in address order; the
-    "unpack" variant already reads that way)."""
-    _STREAM(packed, row_scale, xq, x_scale, out)
+def ternary_matvec_stream(packed, row_scale, xq, x_scale, out, prefetch):
+    """Default single-thread streaming ternary matvec (rows in address order; the "unpack"
+    variant already reads that way); ``prefetch``: the simd pass's software prefetch."""
+    _ROWS(packed, row_scale, xq, x_scale, out, True, prefetch)
 
 
 @numba.njit(cache=True)
-def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out):
+def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out, prefetch):
     """Default multi-thread streaming ternary matvec."""
-    _STREAM_PAR(packed, row_scale, xq, x_scale, out)
+    _ROWS_PAR(packed, row_scale, xq, x_scale, out, True, prefetch)
 
 
 # ---- activation skip (transposed orientation) -----------------------------------------------
@@ -277,10 +281,9 @@ def skip_groups(xq):
 
 @numba.njit(cache=True)
 def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
-    """Skip kernel in plain numba (portable): nonzero inputs 4 at a time (skip_groups), per
-    segment and 2-bit slot one contiguous loop LLVM vectorises (SSE / NEON). Measured on Zen 5
-    compiling for Nehalem, 25 % nonzero, 512 x 2048: 28.8 us against 116.7 for the earlier
-    per-input scalar form and 64 for the dense row pass (the engine's sweep models ~1.2x faster)."""
+    """Skip kernel in plain numba (portable): nonzero inputs 4 at a time (skip_groups), per segment and 2-bit
+    slot one contiguous loop LLVM vectorises (SSE / NEON). Zen 5 compiling for Nehalem, 25 % nonzero, 512 x 2048:
+    28.8 us against 116.7 for the earlier per-input scalar form and 64 for the dense row pass."""
     rows, rb = out.shape[0], packed_t.shape[1]
     idx, qq, qsum = skip_groups(xq)
     qb = qq.view(np.int8)  # (4 * ng,) the group's activations, padding entries 0
@@ -304,9 +307,8 @@ def ternary_matvec_skip_plain(packed_t, row_scale, xq, x_scale, out):
 
 @numba.njit(cache=True, inline="always")
 def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
-    """All nonzero inputs into the outputs of 256-output segments s0 <= seg < s1. Blocks of
-    SKIP_GROUP_BLOCK input groups are the outer loop, so the rows read at a time (a few
-    hundred KB) stay in L2 while every segment uses them."""
+    """All nonzero inputs into the outputs of 256-output segments s0 <= seg < s1. Blocks of SKIP_GROUP_BLOCK
+    input groups are the outer loop, so the rows read at a time (a few hundred KB) stay in L2 for every segment."""
     rows = out.shape[0]
     nfull = rows // SEG_COLS
     nch = SEG_BYTES // SKIP_CHUNK_BYTES
@@ -444,6 +446,5 @@ def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_sc
     return row_scale * np.float32(x_scale) * acc.astype(np.float32)
 
 
-# numba cache hygiene: the cached kernels above embed tern.kernels.simd's intrinsics and
-# the ROW_PREFETCH setting (a name that is no file: its text enters the stamp)
+# numba cache hygiene: the kernels embed tern.kernels.simd's intrinsics and ROW_PREFETCH (no file: text stamped)
 drop_stale_cache(__file__, ("simd.py", "prefetch.py", f"row_prefetch={ROW_PREFETCH}"), act_sum)

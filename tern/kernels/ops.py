@@ -79,8 +79,8 @@ G_ROUTER_KIND = 28
 # G_B3 1: every row-oriented ternary matrix is in the base-3 layout (5 weights per byte,
 # tern.kernels.kernels_b3; quant then also writes the permuted activations those kernels
 # read into the xd scratch); 0: ternary2 (the engine's b3 option, tern.run.engine)
-G_B3 = 29
-N_GLOBALS = 30
+G_B3, G_STREAM_PF = 29, 30  # G_STREAM_PF 1: the streaming kernel prefetches (EnginePolicy.stream_prefetch)
+N_GLOBALS = 31
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
@@ -313,11 +313,11 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     stream = G[G_STREAM_RB] != 0 and G[G_STREAM_RB] <= rb <= G[G_STREAM_RB_MAX]  # same sums either way
     if par(G, rows * cols):
         if stream:
-            ternary_matvec_stream_par(P, S, xq[:cols], xs, out[:rows])
+            ternary_matvec_stream_par(P, S, xq[:cols], xs, out[:rows], G[G_STREAM_PF] != 0)
         else:
             ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
     elif stream:
-        ternary_matvec_stream(P, S, xq[:cols], xs, out[:rows])
+        ternary_matvec_stream(P, S, xq[:cols], xs, out[:rows], G[G_STREAM_PF] != 0)
     else:
         ternary_matvec(P, S, xq[:cols], xs, out[:rows])
 

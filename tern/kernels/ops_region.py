@@ -115,16 +115,19 @@ SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
 S_MIX, S_FFN, S_HID = 0, 1, 2
 
 
-def run_policy(par_min_weights: int, region_params=None) -> EnginePolicy:
+def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool = True) -> EnginePolicy:
     """The EnginePolicy an engine runs with (recorded with its measurements, so that the
     predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
-    region's parameters (``Engine.region_params``, None: no region) the one-region step."""
+    region's parameters (``Engine.region_params``, None: no region) the one-region step;
+    ``stream_prefetch``: the engine's (Engine.stream_prefetch)."""
     if region_params is None:
-        return EnginePolicy(par_min_weights=int(par_min_weights), router_int8=True)
+        return EnginePolicy(par_min_weights=int(par_min_weights), router_int8=True,
+                            stream_prefetch=bool(stream_prefetch))
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
-                        router_int8=True, region_router_split=True, region_scan_split=True)
+                        router_int8=True, region_router_split=True, region_scan_split=True,
+                        stream_prefetch=bool(stream_prefetch))
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)

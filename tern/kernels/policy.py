@@ -80,7 +80,9 @@ class EnginePolicy:
     over its channels, one item per thread, from REGION_SCAN_MIN_WEIGHTS (engines before ran
     it in one item). ``router_int8``: an int8 router is read from the file at 1 byte a
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
-    routers to an fp32 table at load and read 4 (so their rows are priced that way)."""
+    routers to an fp32 table at load and read 4 (so their rows are priced that way).
+    ``stream_prefetch``: the streaming (one-row) kernel's software prefetch, chosen per host by
+    the probe (tern.core.engine_tuning); engines before it always prefetched."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
     region: bool = False
@@ -90,6 +92,7 @@ class EnginePolicy:
     router_int8: bool = False
     region_router_split: bool = False
     region_scan_split: bool = False
+    stream_prefetch: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,12 +108,14 @@ class EnginePolicy:
     def to_dict(self) -> dict[str, int | bool]:
         """Every field; the per-matrix step's record is ``par_min_weights`` (as written
         before the region fields existed, so older readers still load it) and
-        ``router_int8`` when set."""
+        ``router_int8`` / ``stream_prefetch`` when not their legacy values."""
         if self.region:
             return asdict(self)
         d: dict[str, int | bool] = {"par_min_weights": self.par_min_weights}
         if self.router_int8:
             d["router_int8"] = True
+        if not self.stream_prefetch:
+            d["stream_prefetch"] = False
         return d
 
     @classmethod

@@ -24,7 +24,9 @@ JSON_FIELDS = """\
   kernels: [{kernel, threads, rows, cols, gops_median (multiply-add = 2 ops), gbps_median (weights)}]
   op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
              samples, max_rel_err}]: engine operation costs the roofline prices work with
-  wall_s: probe wall time in seconds"""
+  wall_s: probe wall time in seconds
+  stream_prefetch: {choice, off_over_on: {threads: ratio}, tuning_path: where the engine reads the
+                   choice (null with --no-tuning or --no-op-costs)}"""
 
 
 def _thread_list(text: str) -> tuple[int, ...]:
@@ -45,6 +47,9 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
                    help="comma-separated thread counts (default: 1 and all CPUs)")
     p.add_argument("--no-op-costs", action="store_true",
                    help="skip timing the engine's operations (the roofline then uses its plain model)")
+    p.add_argument("--no-tuning", action="store_true",
+                   help="do not write the streaming kernel's prefetch choice to the engine tuning file "
+                        "(tern.core.engine_tuning; the engine then keeps its earlier choice or the default)")
     p.add_argument("--kernels", default=None,
                    help=f"bandwidth kernels, comma-separated from {','.join(KERNELS)} "
                         "(default: read for --quick, all for full)")
@@ -64,7 +69,18 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
           f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
     out = Path(args.out)
     profile = run_probe(cfg, out=out)
-    return probe_summary(profile, out)
+    summary = probe_summary(profile, out)
+    ab = profile.host.get("stream_prefetch")
+    if ab is not None:
+        path = None
+        if not args.no_tuning:
+            from tern.core.engine_tuning import save_tuning
+
+            path = str(save_tuning({"stream_prefetch": ab["stream_prefetch"], "off_over_on": ab["off_over_on"],
+                                    "profile": str(out), "timestamp": profile.host.get("timestamp")}))
+        summary["stream_prefetch"] = {"choice": ab["stream_prefetch"], "off_over_on": ab["off_over_on"],
+                                      "tuning_path": path}
+    return summary
 
 
 def cli_render(result: dict[str, Any]) -> str:
@@ -82,5 +98,12 @@ def cli_render(result: dict[str, Any]) -> str:
 
         parts.append("engine kernels from L2 to DRAM (ns per weight byte read, at each working set)\n"
                      + render_curves(list(prof.op_curves)))
+    sp = result.get("stream_prefetch")
+    if sp is not None:
+        ratios = ", ".join(f"{t} thread(s) x{r:.3f}" for t, r in sp["off_over_on"].items())
+        parts.append(f"streaming kernel from DRAM without / with software prefetch: {ratios} -> prefetch "
+                     f"{'on' if sp['choice'] else 'off'}"
+                     + (f" (engine tuning saved to {sp['tuning_path']})" if sp["tuning_path"]
+                        else " (not saved: --no-tuning)"))
     parts += [f"saved {result['profile_path']}"]
     return "\n\n".join(parts)

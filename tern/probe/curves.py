@@ -102,8 +102,9 @@ def _drivers() -> dict[str, Callable]:
     from tern.kernels import ops
 
     @numba.njit(cache=True)
-    def ternary(P, order, S, xq, out, passes, par, skip, stream):
-        """P (k, rows, row_bytes): every matrix once per pass, in ``order``."""
+    def ternary(P, order, S, xq, out, passes, par, skip, stream, prefetch):
+        """P (k, rows, row_bytes): every matrix once per pass, in ``order`` (``prefetch``: the
+        streaming kernel's software prefetch)."""
         xs = np.float32(0.01)
         for _ in range(passes):
             for m in order:
@@ -112,16 +113,16 @@ def _drivers() -> dict[str, Callable]:
                 elif skip:
                     kt.ternary_matvec_skip(P[m], S, xq, xs, out)
                 elif stream and par:
-                    kt.ternary_matvec_stream_par(P[m], S, xq, xs, out)
+                    kt.ternary_matvec_stream_par(P[m], S, xq, xs, out, prefetch)
                 elif stream:
-                    kt.ternary_matvec_stream(P[m], S, xq, xs, out)
+                    kt.ternary_matvec_stream(P[m], S, xq, xs, out, prefetch)
                 elif par:
                     kt.ternary_matvec_par(P[m], S, xq, xs, out)
                 else:
                     kt.ternary_matvec(P[m], S, xq, xs, out)
 
     @numba.njit(cache=True, parallel=True)
-    def ternary_experts(P, order, S, xq, outs, passes, skip, stream):
+    def ternary_experts(P, order, S, xq, outs, passes, skip, stream, prefetch):
         """Groups of ``outs.shape[0]`` matrices at once, one per thread slot, each with the
         single-thread kernel (the engine's expert-parallel routed experts)."""
         xs = np.float32(0.01)
@@ -133,7 +134,7 @@ def _drivers() -> dict[str, Callable]:
                     if skip:
                         kt.ternary_matvec_skip(P[m], S, xq, xs, outs[c])
                     elif stream:
-                        kt.ternary_matvec_stream(P[m], S, xq, xs, outs[c])
+                        kt.ternary_matvec_stream(P[m], S, xq, xs, outs[c], prefetch)
                     else:
                         kt.ternary_matvec(P[m], S, xq, xs, outs[c])
 
@@ -208,7 +209,7 @@ class CurveBuffer:
         return self.data[:n].view(dtype).reshape(shape)
 
 def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: int, buf: CurveBuffer,
-           rng: np.random.Generator) -> Callable[[int], None]:
+           rng: np.random.Generator, stream_prefetch: bool = True) -> Callable[[int], None]:
     d = drivers()
     f32 = np.float32
     r, c = shape
@@ -227,9 +228,9 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
         S = np.ones(n_out, f32)
         if split == "experts":
             outs = np.zeros((threads, n_out), f32)
-            return lambda n: d["ternary_experts"](P, order, S, xq, outs, n, skip, stream)
+            return lambda n: d["ternary_experts"](P, order, S, xq, outs, n, skip, stream, stream_prefetch)
         out = np.zeros(n_out, f32)
-        return lambda n: d["ternary"](P, order, S, xq, out, n, par, skip, stream)
+        return lambda n: d["ternary"](P, order, S, xq, out, n, par, skip, stream, stream_prefetch)
     if op == "int8_matvec":
         W = buf.view(np.int8, (n_mats, r, c))
         S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
@@ -260,10 +261,11 @@ def implausible_points(ws_bytes: Sequence[int], seconds: Sequence[float]) -> lis
 
 def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
                   timing: TimingConfig | None = None, seed: int = 0,
-                  shape: tuple[int, int] | None = None) -> OpCurve:
+                  shape: tuple[int, int] | None = None, stream_prefetch: bool = True) -> OpCurve:
     """Seconds per matvec of ``op`` (run as ``split`` on ``threads`` threads) at each
     working set: a cycle of matrices of ``shape`` (default: the op's curve shape) adding up to
-    it. Implausibly slow points (:func:`implausible_points`) are timed again."""
+    it. Implausibly slow points (:func:`implausible_points`) are timed again.
+    ``stream_prefetch``: the streaming kernel's software prefetch (Engine.stream_prefetch)."""
     timing = timing or TimingConfig(min_time_s=0.03, repeats=3, warmup_s=0.01)
     if shape is None:
         shape = (PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES)[op]
@@ -276,7 +278,7 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
         if n_mats * mat_bytes > buf.data.size or (cycles and n_mats <= cycles[-1]):
             continue  # too large for the buffer, or the same cycle as the last point
         cycles.append(n_mats)
-    runs = [_setup(op, split, threads, shape, n, buf, rng) for n in cycles]
+    runs = [_setup(op, split, threads, shape, n, buf, rng, stream_prefetch) for n in cycles]
 
     def timed(i: int) -> tuple[float, float, float]:
         runs[i](1)  # compile / load from the cache, touch the pages
@@ -347,8 +349,10 @@ def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str,
 
 
 def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
-                      timing: TimingConfig | None = None, max_bytes: int | None = None) -> list[OpCurve]:
-    """Every curve of :func:`curve_plan` over the probe's working sets."""
+                      timing: TimingConfig | None = None, max_bytes: int | None = None,
+                      stream_prefetch: bool = True) -> list[OpCurve]:
+    """Every curve of :func:`curve_plan` over the probe's working sets (``stream_prefetch``:
+    the streaming kernel's software prefetch, the engine's on this host)."""
     from tqdm import tqdm
 
     sets = QUICK_WORKING_SETS if quick else WORKING_SETS
@@ -359,7 +363,7 @@ def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, prog
     out = []
     for op, split, t, shape in tqdm(plan, desc="kernel curves", unit="curve", disable=not progress, leave=False,
                                     file=sys.stderr, mininterval=0.5):
-        out.append(measure_curve(op, split, t, sets, buf, timing, shape=shape))
+        out.append(measure_curve(op, split, t, sets, buf, timing, shape=shape, stream_prefetch=stream_prefetch))
     return out
 
 

@@ -98,9 +98,9 @@ def _drivers():
     from tern.kernels.region import claim, finish, wait_done
 
     @numba.njit(cache=True)
-    def ternary(P, S, xq, out, count, par, skip, stream):
+    def ternary(P, S, xq, out, count, par, skip, stream, prefetch):
         """skip: P is the transposed (inputs, outputs) layout of the activation skip;
-        stream: the one-row-per-pass kernel."""
+        stream: the one-row-per-pass kernel (``prefetch``: its software prefetch)."""
         xs = np.float32(0.01)
         for _ in range(count):
             if skip and par:
@@ -108,9 +108,9 @@ def _drivers():
             elif skip:
                 kt.ternary_matvec_skip(P, S, xq, xs, out)
             elif stream and par:
-                kt.ternary_matvec_stream_par(P, S, xq, xs, out)
+                kt.ternary_matvec_stream_par(P, S, xq, xs, out, prefetch)
             elif stream:
-                kt.ternary_matvec_stream(P, S, xq, xs, out)
+                kt.ternary_matvec_stream(P, S, xq, xs, out, prefetch)
             elif par:
                 kt.ternary_matvec_par(P, S, xq, xs, out)
             else:
@@ -199,8 +199,8 @@ class OpSample:
     tails: int = 0  # rows whose last 256-column segment is partial (ternary matvecs)
 
 
-def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generator):
-    """(run(count), rows, units) for one op at one shape."""
+def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generator, stream_prefetch: bool = True):
+    """(run(count), rows, units) for one op at one shape (``stream_prefetch``: Engine.stream_prefetch)."""
     from tern.kernels.packing import random_ternary2
 
     d = drivers()
@@ -211,13 +211,13 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         P = random_ternary2(r, c, seed=int(rng.integers(1 << 30)))
         S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
         stream = op == "ternary_stream"
-        return (lambda n: d["ternary"](P, S, xq, out, n, par, False, stream)), r, float(r * c)
+        return (lambda n: d["ternary"](P, S, xq, out, n, par, False, stream, stream_prefetch)), r, float(r * c)
     if op == "ternary_skip":
         h, dd = shape  # H inputs (rows of the transposed matrix), D outputs
         Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
         hq = rng.integers(1, 128, h).astype(np.int8)  # every input nonzero: nothing skipped
         S, out = np.ones(dd, f32), np.zeros(dd, f32)
-        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False)), dd, float(h * dd)
+        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False, False)), dd, float(h * dd)
     if op == "int8_matvec":
         r, c = shape
         W = rng.integers(-127, 128, (r, c)).astype(np.int8)
@@ -275,12 +275,13 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
 
 
 def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingConfig | None = None,
-            seed: int = 0) -> OpSample:
-    """Median seconds per call of ``op`` at ``shape`` on ``threads`` threads."""
+            seed: int = 0, stream_prefetch: bool = True) -> OpSample:
+    """Median seconds per call of ``op`` at ``shape`` on ``threads`` threads (``stream_prefetch``:
+    the streaming kernel's, as Engine.stream_prefetch)."""
     timing = timing or TimingConfig(min_time_s=0.02, repeats=3, warmup_s=0.005)
     rng = np.random.default_rng(seed)
     with numba_threads(threads):
-        run, rows, units = _setup(op, shape, threads, rng)
+        run, rows, units = _setup(op, shape, threads, rng, stream_prefetch)
         t = timed_runs(run, timing, fixed_cost_check=threads > 1)
     per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
     return OpSample(op, threads, rows, units, per_call["median"], tail_units(op, shape))
@@ -354,9 +355,10 @@ def slow_samples(samples: list[OpSample]) -> list[int]:
 
 
 def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
-                     timing: TimingConfig | None = None) -> list[OpCost]:
+                     timing: TimingConfig | None = None, stream_prefetch: bool = True) -> list[OpCost]:
     """Time every op at its sizes (matvecs also at each thread count > 1) and fit costs;
-    samples far slower than their fit (:func:`slow_samples`) are timed again first."""
+    samples far slower than their fit (:func:`slow_samples`) are timed again first.
+    ``stream_prefetch``: the streaming kernel's software prefetch (the engine's on this host)."""
     from tqdm import tqdm
 
     plan = [(op, 1, shape) for op in OPS for shape in op_shapes(op, 1, quick)]
@@ -365,12 +367,14 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
     by_key: dict[tuple[str, int], list[tuple[tuple[int, ...], OpSample]]] = {}
     for op, t, shape in tqdm(plan, desc="engine op costs", unit="size", disable=not progress, leave=False,
                              file=sys.stderr, mininterval=0.5):
-        by_key.setdefault((op, t), []).append((shape, time_op(op, shape, t, timing)))
+        by_key.setdefault((op, t), []).append((shape, time_op(op, shape, t, timing, stream_prefetch=stream_prefetch)))
     costs = []
     for (op, t), timed in by_key.items():
         shapes = [shape for shape, _ in timed]
         samples = retime_slow([x for _, x in timed], slow_samples,
-                              lambda i, op=op, t=t, shapes=shapes: time_op(op, shapes[i], t, timing), lambda x: x.seconds)
+                              lambda i, op=op, t=t, shapes=shapes: time_op(op, shapes[i], t, timing,
+                                                                           stream_prefetch=stream_prefetch),
+                              lambda x: x.seconds)
         costs.append(fit_cost(samples))
     return costs
 

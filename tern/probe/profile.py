@@ -26,7 +26,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tern.core.host_caches import Topology, detect_caches, read_topology, usable_cpus
@@ -142,15 +142,16 @@ def cpu_facts() -> dict[str, Any]:
     }
 
 
-def engine_policy() -> EnginePolicy:
+def engine_policy(stream_prefetch: bool = True) -> EnginePolicy:
     """The engine the probe's engine runs time (tern.kernels.ops_region.ENGINE_POLICY:
-    imported here, not at module load, since it compiles numba code)."""
+    imported here, not at module load, since it compiles numba code), with the streaming
+    kernel's prefetch the probe chose (tern.probe.stream_prefetch)."""
     from tern.kernels.ops_region import ENGINE_POLICY
 
-    return ENGINE_POLICY
+    return replace(ENGINE_POLICY, stream_prefetch=bool(stream_prefetch))
 
 
-def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]:
+def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: bool = True) -> dict[str, Any]:
     import numba
     import psutil
 
@@ -165,7 +166,7 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology) -> dict[str, Any]
         "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
         # thread wake-up cost depends on these (e.g. libgomp's default spin-then-sleep)
         "threading_env": {k: os.environ.get(k) for k in THREADING_ENV},
-        "engine_policy": engine_policy().to_dict(),  # the engine the profile's engine runs measured
+        "engine_policy": engine_policy(stream_prefetch).to_dict(),  # the engine the profile's engine runs measured
     })
     return facts
 
@@ -191,25 +192,30 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     if config.kernel_names != ():
         kernels = kernel_bench.measure_kernels(config.kernel_names, config.kernel_sizes,
                                                sc.thread_counts, config.kernel_timing, progress)
-    op_costs = []
-    if config.op_costs:
+    op_costs, stream_pf = [], None
+    if config.op_costs:  # the streaming kernel's prefetch first: the engine's ops are timed as it will run
         from tern.probe.ops import measure_op_costs
+        from tern.probe.stream_prefetch import measure_stream_prefetch
 
+        stream_pf = measure_stream_prefetch(sc.thread_counts, quick=config.quick, progress=progress)
         op_costs = measure_op_costs(sc.thread_counts, quick=config.quick, progress=progress,
-                                    timing=config.kernel_timing if config.quick else None)
+                                    timing=config.kernel_timing if config.quick else None,
+                                    stream_prefetch=stream_pf["stream_prefetch"])
     op_curves = []
     if config.op_curves and config.op_costs:
         from tern.probe.curves import measure_op_curves
 
         op_curves = measure_op_curves(sc.thread_counts, quick=config.quick, progress=progress,
                                       max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024),
-                                      timing=config.kernel_timing if config.quick else None)
+                                      timing=config.kernel_timing if config.quick else None,
+                                      stream_prefetch=stream_pf["stream_prefetch"])
     engine_runs = []
     if config.engine_runs and config.op_costs:
         from tern.probe.engine_runs import measure_engine_runs
 
         engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress)
-    host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1))
+    host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1),
+                      stream_prefetch=True if stream_pf is None else stream_pf["stream_prefetch"])
     try:
         layer = numba.threading_layer()
     except ValueError:  # no parallel kernel has run
@@ -226,6 +232,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                   "repeat_order": "rounds"},  # each curve's repeats interleaved, see sweep()
         "probe_wall_s": round(time.perf_counter() - t0, 2),
     })
+    if stream_pf is not None:
+        host["stream_prefetch"] = stream_pf  # the A/B behind engine_policy's stream_prefetch
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),

@@ -23,12 +23,12 @@ computes the same model (docs/MODEL.md):
   ``par_min_weights`` weights, its rows split over the threads (smaller ones stay serial:
   starting a region costs more than they do), and expert-parallel MoE layers. Every
   reduction keeps its order: logits are identical to ``threads=1`` either way.
-- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES
-  packed bytes) in
-  a pool that cannot stay in the last-level cache are read one row per pass, a single
-  sequential stream the hardware prefetcher follows (tern.kernels.policy.stream_row_bytes);
-  "auto" (default) applies that rule with this machine's LLC size, "on" streams every
-  long-row matrix, "off" none. The sums are the same either way.
+- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES packed bytes)
+  in a pool that cannot stay in the last-level cache are read one row per pass, a single sequential
+  stream (tern.kernels.policy.stream_row_bytes); "auto" (default) applies that rule with this
+  machine's LLC size, "on" streams every long-row matrix, "off" none. Same sums either way.
+- ``stream_prefetch``: software prefetch in that streaming kernel (True / False); "auto" (default):
+  this CPU's choice as ``tern probe`` measured it (tern.core.engine_tuning; else on). Same sums.
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
   to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
@@ -39,20 +39,16 @@ computes the same model (docs/MODEL.md):
   pass over the file at load and its size in resident memory), ``"map"``, the
   memory-mapped file itself, or ``"auto"`` (default): the copy when the file fits in half
   the memory available (tern.kernels.policy.copy_weights). Same logits.
-- ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full"
-  (default) reads every byte: tensor crc32s, ternary codes, finite weights. "header"
-  checks only the structure; flipped weight bits, NaN weights and invalid ternary codes
-  pass it and the engine then decodes garbage: use it only for a file that passed a full
-  check before.
+- ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full" (default)
+  reads every byte: tensor crc32s, ternary codes, finite weights. "header" checks only the structure
+  (flipped bits, NaN weights and invalid codes pass, then decode garbage): only for a file that passed "full".
 
-Context length: decoding has no hard limit. There are no positional encodings; each
-attention layer keeps a ring buffer of its last ``attn_window`` keys / values (slot
-``position % attn_window``) and each SSM layer a fixed-size state, so nothing overflows
-past ``max_seq_len``. But ``max_seq_len`` is the longest context the model was trained
-on: beyond it the SSM states (and attention, when ``attn_window > max_seq_len``) run on
-longer contexts than training saw, so the engine warns once (:class:`PastMaxSeqLenWarning`)
-when it is fed a token past that many. (A model of attention layers only, with
-``attn_window <= max_seq_len``, sees the same window at every position past it: no warning.)
+Context length: no hard limit. No positional encodings; each attention layer keeps a ring buffer of its
+last ``attn_window`` keys / values (slot ``position % attn_window``), each SSM layer a fixed-size state, so
+nothing overflows past ``max_seq_len``. But that is the longest context the model was trained on: beyond it
+the SSM states (and attention, when ``attn_window > max_seq_len``) see longer contexts than training did, so
+the engine warns once (:class:`PastMaxSeqLenWarning`). (Attention layers only, with ``attn_window <=
+max_seq_len``, see the same window at every position past it: no warning.)
 """
 
 from __future__ import annotations
@@ -67,6 +63,7 @@ import numba
 import numpy as np
 
 from tern.core.config import tensor_specs
+from tern.core.engine_tuning import stream_prefetch_choice
 from tern.core.host_caches import host_llc_bytes
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
@@ -107,7 +104,7 @@ class Engine:
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
-                 region: bool | str = "auto"):
+                 region: bool | str = "auto", stream_prefetch: bool | str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -142,6 +139,9 @@ class Engine:
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
         self.stream = stream
+        if not (isinstance(stream_prefetch, (bool, np.bool_)) or stream_prefetch == "auto"):
+            raise ValueError(f"stream_prefetch must be True, False or 'auto', got {stream_prefetch!r}")
+        self.stream_prefetch = stream_prefetch_choice() if stream_prefetch == "auto" else bool(stream_prefetch)
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
@@ -279,7 +279,7 @@ class Engine:
         G[ops.G_PAR_MIN] = self.par_min_weights
         G[ops.G_THREADS], G[ops.G_TOPK_MAX] = self.threads, max(cfg.top_k, 1)
         G[ops.G_STREAM_RB] = self.stream_row_bytes[0]
-        G[ops.G_STREAM_RB_MAX] = STREAM_MAX_ROW_BYTES
+        G[ops.G_STREAM_RB_MAX], G[ops.G_STREAM_PF] = STREAM_MAX_ROW_BYTES, int(self.stream_prefetch)
         G[ops.G_EMBED], G[ops.G_EMBED_S], G[ops.G_EMBED_KIND] = self._dense(aux, "embed.weight")
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
         G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
@@ -446,5 +446,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
+                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -82,8 +82,8 @@ def test_quantize_act_rejects_bad_input():
 
 
 DENSE_KERNELS = [K.ternary_matvec, K.ternary_matvec_par, K.ternary_matvec_unpack, K.ternary_matvec_unpack_par,
-                 K.ternary_matvec_simd, K.ternary_matvec_simd_par, K.ternary_matvec_stream,
-                 K.ternary_matvec_stream_par, K.ternary_matvec_simd_stream, K.ternary_matvec_simd_stream_par]
+                 K.ternary_matvec_simd, K.ternary_matvec_simd_par, K.ternary_matvec_simd_stream,
+                 K.ternary_matvec_simd_stream_par]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -94,6 +94,23 @@ def test_dense_kernels_exact(kernel, shape):
     out = np.full(shape[0], np.nan, dtype=np.float32)
     kernel(P.pack_ternary2(wt), rs, xq, xs, out)
     np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(37, 2048)])
+@pytest.mark.parametrize("kernel", [K.ternary_matvec_stream, K.ternary_matvec_stream_par], ids=lambda f: f.__name__)
+def test_stream_kernels_exact_with_and_without_prefetch(kernel, shape):
+    """The engine's streaming kernel takes its software prefetch as an argument (the probe's
+    per-host choice, tern.core.engine_tuning): both settings give the default kernel's output
+    bit for bit, and the reference's values."""
+    wt, rs, xq, xs = _problem(*shape, seed=5 * sum(shape))
+    packed = P.pack_ternary2(wt)
+    ref = np.empty(shape[0], dtype=np.float32)
+    K.ternary_matvec(packed, rs, xq, xs, ref)
+    np.testing.assert_allclose(ref, K.reference_matvec(wt, rs, xq, xs), rtol=1e-6)
+    for prefetch in (False, True):
+        out = np.full(shape[0], np.nan, dtype=np.float32)
+        kernel(packed, rs, xq, xs, out, prefetch)
+        assert np.array_equal(out, ref), prefetch
 
 
 @pytest.mark.skipif(K.DEFAULT_VARIANT != "simd", reason="the row passes need AVX2 / AVX-512")

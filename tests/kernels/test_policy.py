@@ -55,3 +55,21 @@ def test_engine_policy_is_read_from_records():
         EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1.5}})
     assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 65536}}).par_min_weights == 65536
     assert EnginePolicy.of_record({"engine_policy": {}}) == LEGACY_POLICY  # missing fields: legacy values
+
+
+def test_stream_prefetch_is_recorded_and_old_records_prefetched():
+    """Engines before the per-host choice always prefetched in the streaming kernel: a record
+    without the field reads True; a False is written by both the region and per-matrix forms."""
+    from dataclasses import replace
+
+    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
+
+    assert LEGACY_POLICY.stream_prefetch and CURRENT_POLICY.stream_prefetch
+    assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20, "region": True}}).stream_prefetch
+    for pol in (CURRENT_POLICY, PER_MATRIX_POLICY):
+        off = replace(pol, stream_prefetch=False)
+        assert off.to_dict()["stream_prefetch"] is False
+        assert EnginePolicy.of_record({"engine_policy": off.to_dict()}) == off
+    assert "stream_prefetch" not in PER_MATRIX_POLICY.to_dict()  # its legacy value is not written
+    with pytest.raises(ValueError, match="stream_prefetch must be True or False"):
+        EnginePolicy(stream_prefetch=1)

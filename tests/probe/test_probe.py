@@ -582,6 +582,17 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     assert l1["gbps_min"] <= l1["gbps"] <= l1["gbps_max"] and l1["span_s"] > 0
     assert dram["points"] == 0 and dram["gbps"] is None and dram["gbps_min"] is None  # 64 KiB sweep
     assert res["cache_source"] == "/sys" and res["kernels"]
+    # the streaming kernel's prefetch A/B went to the engine tuning file (tests: a private one)
+    from tern.core.engine_tuning import load_tuning, tuning_path
+
+    sp = res["stream_prefetch"]
+    assert sp["tuning_path"] == str(tuning_path()) and set(sp["off_over_on"]) == {"1"}
+    assert load_tuning()["stream_prefetch"] is sp["choice"] == HostProfile.load(out).host["stream_prefetch"]["stream_prefetch"]
+    assert HostProfile.load(out).host["engine_policy"].get("stream_prefetch", True) is sp["choice"]
+    tuning_path().unlink()
+    assert main(["probe", "--json", "--no-tuning", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["stream_prefetch"]["tuning_path"] is None
+    assert not tuning_path().exists()
     assert main(["probe", "--kernels", "scale", "--out", str(out)]) == 2
 
 

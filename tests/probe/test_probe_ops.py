@@ -103,12 +103,13 @@ def test_op_cost_for_prefers_threads_at_or_below():
 def test_measure_op_costs_fits_every_op(monkeypatch):
     calls = []
 
-    def fake_time(op, shape, threads=1, timing=None, seed=0):
-        calls.append((op, threads))
+    def fake_time(op, shape, threads=1, timing=None, seed=0, stream_prefetch=True):
+        calls.append((op, threads, stream_prefetch))
         return po.OpSample(op, threads, shape[0] if op != "vector" else 0, float(np.prod(shape)), 1e-6)
 
     monkeypatch.setattr(po, "time_op", fake_time)
-    costs = po.measure_op_costs((1, 2), quick=True, progress=False)
+    costs = po.measure_op_costs((1, 2), quick=True, progress=False, stream_prefetch=False)
+    assert {c[2] for c in calls} == {False}  # the engine's streaming-kernel prefetch, as the probe chose it
     assert {(c.op, c.threads) for c in costs} == ({(op, 1) for op in po.OPS} | {(op, 2) for op in po.MATVEC_OPS}
                                                   | {(po.REGION_OP, 2)})  # the region's frame: threads > 1 only
     assert all(c.call_s >= 0 and c.row_s >= 0 and c.unit_s >= 0 for c in costs)
@@ -126,7 +127,7 @@ def test_a_sample_far_slower_than_its_fit_is_timed_again(monkeypatch):
     timings[shapes[2]] = [paused[0], clean[2]]  # slow first, then as it should be
     calls = []
 
-    def fake_time(op, shape, threads=1, timing=None, seed=0):
+    def fake_time(op, shape, threads=1, timing=None, seed=0, stream_prefetch=True):
         calls.append(shape)
         left = timings.get(tuple(shape), [])
         return left.pop(0) if len(left) > 1 else left[0] if left else po.OpSample(op, threads, shape[0], float(np.prod(shape)), 1e-6)

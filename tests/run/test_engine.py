@@ -9,6 +9,7 @@ import pytest
 from conftest import SMALL
 
 from tern.core.config import SANDBOX, ModelConfig, tensor_specs
+from tern.kernels import ops
 from tern.packed.writer import random_model
 from tern.run.engine import Engine
 from tern.train.export import export
@@ -410,9 +411,34 @@ def test_streaming_kernel_gives_identical_logits(tmp_path):
     tokens = np.arange(12) * 7 % cfg.vocab_size
     ref = _engine_logits(Engine(path, threads=1, stream="off"), tokens)
     for threads, par_min in ((1, 1 << 20), (2, 0), (2, 1 << 20)):
-        eng = Engine(path, threads=threads, stream="on", par_min_weights=par_min)
-        assert eng.stream_row_bytes[0] > 0 and eng.describe()["stream"] == "on"
-        assert np.array_equal(_engine_logits(eng, tokens), ref)
+        for pf in (True, False):  # the streaming kernel's software prefetch: same sums
+            eng = Engine(path, threads=threads, stream="on", par_min_weights=par_min, stream_prefetch=pf)
+            assert eng.stream_row_bytes[0] > 0 and eng.describe()["stream"] == "on"
+            assert eng.describe()["stream_prefetch"] is pf and eng.G[ops.G_STREAM_PF] == int(pf)
+            assert eng.G[ops.N_GLOBALS + ops.G_STREAM_PF] == int(pf)  # the routed experts' row too
+            assert np.array_equal(_engine_logits(eng, tokens), ref)
     with pytest.raises(ValueError, match="stream"):
         Engine(path, stream="fast")
+    with pytest.raises(ValueError, match="stream_prefetch must be True, False or 'auto'"):
+        Engine(path, stream_prefetch="on")
     assert Engine(path, stream="auto").stream_row_bytes == (0, 0)  # a few MB: stays in any LLC
+
+
+def test_stream_prefetch_auto_follows_this_cpus_tuning(tmp_path, monkeypatch):
+    """stream_prefetch="auto" (the default) takes the choice `tern probe` saved for this CPU
+    (tern.core.engine_tuning), prefetches without one, and records it in the sweep policy."""
+    from tern.core.engine_tuning import save_tuning
+    from tern.kernels.ops_region import run_policy
+
+    path = random_model(SMALL, tmp_path / "s.tern", progress=False)
+    monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "tuning.json"))
+    assert Engine(path).stream_prefetch is True  # no file: what engines always did
+    save_tuning({"stream_prefetch": False})
+    eng = Engine(path)
+    assert eng.stream_prefetch is False and eng.G[ops.G_STREAM_PF] == 0
+    assert Engine(path, stream_prefetch=True).stream_prefetch is True  # an explicit setting wins
+    pol = run_policy(eng.par_min_weights, None, eng.stream_prefetch)
+    assert pol.stream_prefetch is False and pol.to_dict()["stream_prefetch"] is False
+    save_tuning({"stream_prefetch": False}, key="another cpu")
+    save_tuning({"stream_prefetch": True})
+    assert Engine(path).stream_prefetch is True

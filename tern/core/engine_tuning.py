@@ -1,0 +1,134 @@
+"""This machine's engine choices: what the probe measured the faster of two same-sum kernel
+forms to be, for the engine to follow.
+
+Today one choice: ``stream_prefetch``, whether the streaming (one row per pass) ternary
+kernel issues software prefetch. From DRAM it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at
+1 thread) and hurt on AMD Zen 4 (4-19 % slower at 256 B - 1.4 KB rows), so ``tern probe``
+times both on the host it runs on (tern.probe.stream_prefetch), writes the faster here and
+the engine's default (``Engine(stream_prefetch="auto")``) reads it. Without a file, or on
+a CPU the file does not know, the engine prefetches (:data:`DEFAULT_STREAM_PREFETCH`, what
+every engine before the choice did).
+
+The file is small JSON, one entry per CPU (:func:`cpu_key`: vendor, family, model,
+stepping and model name, so a home directory shared by different machines keeps each
+one's choice): ``$TERN_TUNING_FILE``, else ``$XDG_CACHE_HOME/tern/engine_tuning.json``,
+else ``~/.cache/tern/engine_tuning.json``. It is versioned and checksummed, written
+atomically; a file that fails validation is ignored with a warning (the defaults apply),
+never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tern.core.records import atomic_write_json
+
+FORMAT = "tern-engine-tuning"
+VERSION = 1
+DEFAULT_STREAM_PREFETCH = True
+CHOICES = {"stream_prefetch": bool}  # choice -> type
+
+
+class TuningFileWarning(UserWarning):
+    """The engine tuning file could not be used (the defaults apply)."""
+
+
+def tuning_path() -> Path:
+    """Where this user's tuning file lives (see the module docstring)."""
+    env = os.environ.get("TERN_TUNING_FILE", "").strip()
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "tern" / "engine_tuning.json"
+
+
+def cpu_key(cpuinfo_path: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """Vendor, family, model, stepping and model name of the first CPU in ``/proc/cpuinfo``,
+    joined by ``|`` (elsewhere: the platform's machine and processor strings)."""
+    fields = {"vendor_id": "", "cpu family": "", "model": "", "stepping": "", "model name": ""}
+    try:
+        with open(cpuinfo_path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the end of the first processor's block
+                k, _, v = line.partition(":")
+                if k.strip() in fields:
+                    fields[k.strip()] = v.strip()
+    except OSError:
+        pass
+    if not any(fields.values()):
+        return f"{platform.machine()}|{platform.processor()}"
+    return "|".join(fields.values())
+
+
+def _checksum(cpus: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cpus, sort_keys=True).encode()).hexdigest()
+
+
+def _validate_entry(key: str, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise ValueError(f"entry for {key!r} must be an object, got {type(entry).__name__}")
+    for name, typ in CHOICES.items():
+        if name in entry and not isinstance(entry[name], typ):
+            raise ValueError(f"{key!r}: {name} must be {typ.__name__}, got {entry[name]!r}")
+
+
+def read_tuning_file(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Every CPU's entry of the tuning file at ``path``; ValueError naming the problem when
+    it is not a valid tuning file (FileNotFoundError when there is none)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file")
+    if d.get("version") != VERSION:
+        raise ValueError(f"{path}: version {d.get('version')!r}, this tern reads version {VERSION}")
+    cpus = d.get("cpus")
+    if not isinstance(cpus, dict):
+        raise ValueError(f"{path}: 'cpus' must be an object")
+    if d.get("sha256") != _checksum(cpus):
+        raise ValueError(f"{path}: checksum mismatch (edited or truncated)")
+    for key, entry in cpus.items():
+        _validate_entry(key, entry)
+    return cpus
+
+
+def load_tuning(path: str | os.PathLike | None = None, key: str | None = None) -> dict[str, Any]:
+    """This CPU's entry ({} when there is no file or no entry). A file that fails
+    validation is ignored with a :class:`TuningFileWarning`."""
+    path = tuning_path() if path is None else Path(path)
+    try:
+        cpus = read_tuning_file(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"engine tuning file ignored, defaults apply: {e}", TuningFileWarning, stacklevel=2)
+        return {}
+    return dict(cpus.get(cpu_key() if key is None else key, {}))
+
+
+def save_tuning(entry: dict[str, Any], path: str | os.PathLike | None = None, key: str | None = None) -> Path:
+    """Write ``entry`` (choices of :data:`CHOICES` plus any measurement notes) as this CPU's,
+    keeping other CPUs' entries of a valid file; atomic. Returns the path."""
+    path = tuning_path() if path is None else Path(path)
+    key = cpu_key() if key is None else key
+    _validate_entry(key, entry)
+    try:
+        cpus = read_tuning_file(path)
+    except (OSError, ValueError):
+        cpus = {}  # none yet, or an invalid one: replaced
+    cpus = {**cpus, key: entry}
+    return atomic_write_json(path, {"format": FORMAT, "version": VERSION, "cpus": cpus, "sha256": _checksum(cpus)})
+
+
+def stream_prefetch_choice(path: str | os.PathLike | None = None) -> bool:
+    """Does the streaming kernel prefetch on this CPU? The probe's choice, else the default."""
+    return bool(load_tuning(path).get("stream_prefetch", DEFAULT_STREAM_PREFETCH))

@@ -1,0 +1,68 @@
+"""Does the streaming ternary kernel run faster from DRAM with software prefetch or without,
+on this host? Measured, then followed by the engine (tern.core.engine_tuning).
+
+The streaming kernel (one row per pass: tern.kernels.kernels_ternary.ternary_matvec_stream)
+reads the matrices of DRAM-resident pools whose packed rows hold 320 B - 4 KB. Same sums
+either way; what differs is the time, and it differs by CPU (AMD Zen 5 read 16.2 GB/s
+without and 18.8 with at 1 thread; AMD Zen 4 read 4-19 % less with it). So the probe times
+the kernel both ways over the same DRAM-sized cycle of matrices as its working-set curve of
+that kernel (tern.probe.curves: CURVE_SHAPES' 256 x 4096, PAR_CURVE_SHAPES at ``rows``
+split), in ``rounds`` alternating pairs at each thread count, and keeps prefetch unless going
+without is at least :data:`MIN_GAIN` faster (geometric mean over the thread counts of the
+median ratios). The op costs and curves the probe measures after it run with the choice.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from typing import Any
+
+from tern.core.host_caches import MIB
+from tern.probe.curves import CURVE_SHAPES, CurveBuffer, _weight_bytes, measure_curve
+from tern.probe.timing import TimingConfig
+
+OP = "ternary_stream"
+WORKING_SET_BYTES = 256 * MIB  # past every L3 seen (32 MiB; a VM slice of a 480 MiB L3 read like DRAM past ~60)
+QUICK_WORKING_SET_BYTES = 128 * MIB
+MIN_GAIN = 0.03  # prefetch goes only when off is >= 3 % faster: smaller gaps are this kind of host's noise
+ROUNDS = 4
+
+
+def measure_stream_prefetch(threads: tuple[int, ...] = (1,), quick: bool = False, rounds: int | None = None,
+                            working_set_bytes: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Time the streaming kernel with and without software prefetch from DRAM at each thread
+    count; returns ``{"stream_prefetch": the choice, "op", "rows", "cols", "working_set_bytes",
+    "rounds", "min_gain", "gbps": {threads: {"on": [...], "off": [...]}} (GB/s of weights per
+    round), "off_over_on": {threads: median ratio}, "gain_off": geometric-mean ratio - 1}``."""
+    rounds = (2 if quick else ROUNDS) if rounds is None else rounds
+    ws = (QUICK_WORKING_SET_BYTES if quick else WORKING_SET_BYTES) if working_set_bytes is None else working_set_bytes
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not (isinstance(ws, int) and ws >= 1 * MIB):
+        raise ValueError(f"working_set_bytes must be an integer >= 1 MiB, got {ws!r}")
+    rows, cols = CURVE_SHAPES[OP]
+    mat = _weight_bytes(OP, rows, cols)
+    ws = max(mat, ws // mat * mat)  # whole matrices
+    buf = CurveBuffer(ws)
+    timing = (TimingConfig(min_time_s=0.02, repeats=1, warmup_s=0.005) if quick
+              else TimingConfig(min_time_s=0.05, repeats=1, warmup_s=0.01))
+    gbps: dict[str, dict[str, list[float]]] = {}
+    ratios: dict[str, float] = {}
+    for t in threads:
+        split = "serial" if t == 1 else "rows"
+        runs: dict[str, list[float]] = {"on": [], "off": []}
+        for r in range(rounds):
+            for pf in ((True, False) if r % 2 == 0 else (False, True)):  # alternate who goes first
+                c = measure_curve(OP, split, t, (ws,), buf, timing, shape=(rows, cols), stream_prefetch=pf)
+                runs["on" if pf else "off"].append(mat / c.seconds[0] / 1e9)
+        gbps[str(t)] = runs
+        ratios[str(t)] = statistics.median(runs["off"]) / statistics.median(runs["on"])
+        if progress:
+            print(f"  stream prefetch, {t} thread(s): {statistics.median(runs['on']):.1f} GB/s with, "
+                  f"{statistics.median(runs['off']):.1f} without", file=sys.stderr)
+    gain = math.exp(statistics.fmean(math.log(v) for v in ratios.values())) - 1.0
+    return {"stream_prefetch": not gain >= MIN_GAIN, "op": OP, "rows": rows, "cols": cols,
+            "working_set_bytes": ws, "rounds": rounds, "min_gain": MIN_GAIN, "gbps": gbps,
+            "off_over_on": ratios, "gain_off": gain}

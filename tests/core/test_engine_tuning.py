@@ -1,0 +1,80 @@
+"""The engine tuning file (tern.core.engine_tuning): per-CPU entries, validation, defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tern.core import engine_tuning as et
+
+
+def test_default_path_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "t.json"))
+    assert et.tuning_path() == tmp_path / "t.json"
+    monkeypatch.delenv("TERN_TUNING_FILE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert et.tuning_path() == tmp_path / "cache" / "tern" / "engine_tuning.json"
+
+
+def test_cpu_key_reads_the_first_processor(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nvendor_id\t: Other\n")
+    assert et.cpu_key(info) == "AuthenticAMD|25|17|1|AMD EPYC"
+    assert "|" in et.cpu_key(tmp_path / "missing")  # elsewhere: the platform's strings
+
+
+def test_round_trip_keeps_other_cpus(tmp_path):
+    p = tmp_path / "sub" / "t.json"
+    assert et.load_tuning(p, key="a") == {}
+    assert et.stream_prefetch_choice(p) is et.DEFAULT_STREAM_PREFETCH  # no file: the default
+    et.save_tuning({"stream_prefetch": False, "off_over_on": {"1": 1.1}}, p, key="a")
+    et.save_tuning({"stream_prefetch": True}, p, key="b")
+    assert et.load_tuning(p, key="a") == {"stream_prefetch": False, "off_over_on": {"1": 1.1}}
+    assert et.load_tuning(p, key="b") == {"stream_prefetch": True}
+    assert et.load_tuning(p, key="c") == {}
+    et.save_tuning({"stream_prefetch": True}, p, key="a")  # a new measurement replaces the old
+    assert et.load_tuning(p, key="a") == {"stream_prefetch": True}
+    assert sorted(x.name for x in p.parent.iterdir()) == ["t.json"]  # no temp file left
+
+
+def test_this_cpus_choice_is_what_the_engine_reads(tmp_path):
+    p = tmp_path / "t.json"
+    et.save_tuning({"stream_prefetch": False}, p)
+    assert et.stream_prefetch_choice(p) is False
+    et.save_tuning({"stream_prefetch": False}, p, key="some other cpu")
+    et.save_tuning({"stream_prefetch": True}, p)
+    assert et.stream_prefetch_choice(p) is True
+
+
+@pytest.mark.parametrize("damage", ["not json", "format", "version", "checksum", "type"])
+def test_an_invalid_file_is_ignored_with_a_warning(tmp_path, damage):
+    p = tmp_path / "t.json"
+    et.save_tuning({"stream_prefetch": False}, p)
+    d = json.loads(p.read_text())
+    if damage == "not json":
+        p.write_text("{truncated")
+    else:
+        if damage == "format":
+            d["format"] = "something-else"
+        elif damage == "version":
+            d["version"] = 99
+        elif damage == "checksum":
+            d["cpus"][et.cpu_key()]["stream_prefetch"] = True  # edited, checksum not
+        elif damage == "type":
+            d["cpus"][et.cpu_key()]["stream_prefetch"] = "no"
+            d["sha256"] = et._checksum(d["cpus"])
+        p.write_text(json.dumps(d))
+    with pytest.raises(ValueError):
+        et.read_tuning_file(p)
+    with pytest.warns(et.TuningFileWarning, match="defaults apply"):
+        assert et.stream_prefetch_choice(p) is et.DEFAULT_STREAM_PREFETCH
+    et.save_tuning({"stream_prefetch": False}, p)  # an invalid file is replaced on the next save
+    assert et.stream_prefetch_choice(p) is False
+
+
+def test_save_rejects_a_bad_choice(tmp_path):
+    with pytest.raises(ValueError, match="stream_prefetch must be bool"):
+        et.save_tuning({"stream_prefetch": 1}, tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
