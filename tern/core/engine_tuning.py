@@ -50,7 +50,13 @@ def tuning_path() -> Path:
 
 def cpu_key(cpuinfo_path: str | os.PathLike = "/proc/cpuinfo") -> str:
     """Vendor, family, model, stepping and model name of the first CPU in ``/proc/cpuinfo``,
-    joined by ``|`` (elsewhere: the platform's machine and processor strings)."""
+    joined by ``|`` (elsewhere: the platform's machine and processor strings); with numba
+    compiling for another CPU (``NUMBA_CPU_NAME``, e.g. an AVX2-only target on this one) that
+    target too: its kernels are other code, so it keeps a choice of its own."""
+    target = os.environ.get("NUMBA_CPU_NAME", "").strip()
+    if target:
+        feats = hashlib.sha256(os.environ.get("NUMBA_CPU_FEATURES", "").strip().encode()).hexdigest()[:8]
+        target = f"|numba={target}:{feats}"
     fields = {"vendor_id": "", "cpu family": "", "model": "", "stepping": "", "model name": ""}
     try:
         with open(cpuinfo_path, encoding="utf-8") as f:
@@ -63,8 +69,8 @@ def cpu_key(cpuinfo_path: str | os.PathLike = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     if not any(fields.values()):
-        return f"{platform.machine()}|{platform.processor()}"
-    return "|".join(fields.values())
+        return f"{platform.machine()}|{platform.processor()}{target}"
+    return "|".join(fields.values()) + target
 
 
 def _checksum(cpus: dict[str, Any]) -> str:

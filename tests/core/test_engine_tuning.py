@@ -17,12 +17,20 @@ def test_default_path_follows_env(monkeypatch, tmp_path):
     assert et.tuning_path() == tmp_path / "cache" / "tern" / "engine_tuning.json"
 
 
-def test_cpu_key_reads_the_first_processor(tmp_path):
+def test_cpu_key_reads_the_first_processor(tmp_path, monkeypatch):
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
                     "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nvendor_id\t: Other\n")
     assert et.cpu_key(info) == "AuthenticAMD|25|17|1|AMD EPYC"
     assert "|" in et.cpu_key(tmp_path / "missing")  # elsewhere: the platform's strings
+    # numba compiling for another CPU (e.g. AVX2-only on this one): other kernels, another choice
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx2,+fma")
+    avx2 = et.cpu_key(info)
+    assert avx2.startswith("AuthenticAMD|25|17|1|AMD EPYC|numba=haswell:")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+sse4.2")
+    assert et.cpu_key(info) != avx2
 
 
 def test_round_trip_keeps_other_cpus(tmp_path):
