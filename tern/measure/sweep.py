@@ -259,6 +259,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
     records, models_dir = Path(records), Path(models_dir)
     done = {r["key"]: r for r in read_jsonl(records) if r.get("kind") == "sweep_point"}
     rows = []
+    host_stream_prefetch, warned = EnginePolicy.of_record(host.host).stream_prefetch, False
     todo = [p for p in points if p.key not in done]
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
@@ -275,6 +276,12 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         t0 = time.perf_counter()
         m = measure(path, p)
         policy = EnginePolicy.of_record(m) if "engine_policy" in m else engine_policy()  # what the engine split
+        if policy.stream_prefetch != host_stream_prefetch and not warned:  # the curves priced the other form
+            warned = True
+            print(f"sweep: the engine ran its streaming kernel with prefetch {'on' if policy.stream_prefetch else 'off'}"
+                  f" but {host.label}'s curves timed it {'on' if host_stream_prefetch else 'off'}: predictions of "
+                  f"DRAM-bound points may be off; `tern probe` on this machine measures both and sets the engine's "
+                  f"choice (tern.core.engine_tuning)", file=sys.stderr)
         row = {
             "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
             "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,

@@ -213,7 +213,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     if config.engine_runs and config.op_costs:
         from tern.probe.engine_runs import measure_engine_runs
 
-        engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress)
+        engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress,
+                                          stream_prefetch=stream_pf["stream_prefetch"])
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1),
                       stream_prefetch=True if stream_pf is None else stream_pf["stream_prefetch"])
     try:

@@ -393,3 +393,24 @@ def test_cli_sweep_text_says_when_the_host_drifted():
     text = cli_render_sweep(result)
     assert "The host drifted: at 1 of 1 points" in text and "kernel speed 0.70x" in text
     assert "drifted" not in cli_render_sweep({**result, "host_drift": None})
+
+
+def test_sweep_warns_when_the_engine_streamed_unlike_the_profile(tmp_path, capsys):
+    """The profile's curves time the streaming kernel as its probe chose (engine_policy's
+    stream_prefetch); a measured row whose engine ran the other form is priced with the wrong
+    curve, so the sweep says so once, naming what to run."""
+    from dataclasses import replace
+
+    from tern.kernels.policy import CURRENT_POLICY
+
+    h = host()
+    off = replace(CURRENT_POLICY, stream_prefetch=False)
+    pts = [SweepPoint("fixed_active", "t", TINY, t, tokens=4) for t in (1, 2)]
+    run_sweep(pts, tmp_path / "rec.jsonl", tmp_path / "m", h, progress=False, read_now=None, kernel_now=None,
+              measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3, "engine_policy": off.to_dict()})
+    err = capsys.readouterr().err
+    assert err.count("streaming kernel with prefetch off") == 1 and "tern probe" in err
+    same = h.__class__.from_dict({**h.to_dict(), "host": {**h.host, "engine_policy": off.to_dict()}})
+    run_sweep(pts, tmp_path / "rec2.jsonl", tmp_path / "m", same, progress=False, read_now=None, kernel_now=None,
+              measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3, "engine_policy": off.to_dict()})
+    assert "streaming kernel" not in capsys.readouterr().err
