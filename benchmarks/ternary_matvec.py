@@ -182,7 +182,7 @@ def measure_b3(kernel: str, b3: np.ndarray | None, t2: np.ndarray, cols: int, th
         weight_bytes = t2.nbytes
     elif kernel == "ternary2_stream":  # the engine's streaming kernel, with this host's prefetch choice
         fn = kt.ternary_matvec_stream_par if par else kt.ternary_matvec_stream
-        pf = stream_prefetch_choice()
+        pf = stream_prefetch_choice(threads)
 
         def call():
             fn(t2, rs, xq, xs, out, pf)

@@ -2,12 +2,13 @@
 forms to be, for the engine to follow.
 
 Today one choice: ``stream_prefetch``, whether the streaming (one row per pass) ternary
-kernel issues software prefetch. From DRAM it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at
-1 thread) and hurt on AMD Zen 4 (4-19 % slower at 256 B - 1.4 KB rows), so ``tern probe``
-times both on the host it runs on (tern.probe.stream_prefetch), writes the faster here and
-the engine's default (``Engine(stream_prefetch="auto")``) reads it. Without a file, or on
-a CPU the file does not know, the engine prefetches (:data:`DEFAULT_STREAM_PREFETCH`, what
-every engine before the choice did).
+kernel issues software prefetch, per thread count (``{"1": false, "2": true}``). From DRAM
+it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at 1 thread) and hurt on AMD Zen 4 at 1 thread
+(4-19 % slower at 256 B - 1.4 KB rows) but not at 2, so ``tern probe`` times both at each
+thread count on the host it runs on (tern.probe.stream_prefetch), writes the faster here and
+the engine's default (``Engine(stream_prefetch="auto")``) reads the entry of its thread
+count (:func:`for_threads`). Without a file, or on a CPU the file does not know, the engine
+prefetches (:data:`DEFAULT_STREAM_PREFETCH`, what every engine before the choice did).
 
 The file is small JSON, one entry per CPU (:func:`cpu_key`: vendor, family, model,
 stepping and model name, so a home directory shared by different machines keeps each
@@ -32,7 +33,7 @@ from tern.core.records import atomic_write_json
 FORMAT = "tern-engine-tuning"
 VERSION = 1
 DEFAULT_STREAM_PREFETCH = True
-CHOICES = {"stream_prefetch": bool}  # choice -> type
+CHOICES = ("stream_prefetch",)  # each {threads (str): bool}; a plain bool (every thread count) is read too
 
 
 class TuningFileWarning(UserWarning):
@@ -80,9 +81,24 @@ def _checksum(cpus: dict[str, Any]) -> str:
 def _validate_entry(key: str, entry: Any) -> None:
     if not isinstance(entry, dict):
         raise ValueError(f"entry for {key!r} must be an object, got {type(entry).__name__}")
-    for name, typ in CHOICES.items():
-        if name in entry and not isinstance(entry[name], typ):
-            raise ValueError(f"{key!r}: {name} must be {typ.__name__}, got {entry[name]!r}")
+    for name in CHOICES:
+        v = entry.get(name, True)
+        ok = isinstance(v, bool) or (isinstance(v, dict) and v and all(
+            isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(b, bool) for t, b in v.items()))
+        if not ok:
+            raise ValueError(f"{key!r}: {name} must be true / false or {{threads: true / false}}, got {v!r}")
+
+
+def for_threads(choice: bool | dict[str, bool] | None, threads: int, default: bool = DEFAULT_STREAM_PREFETCH) -> bool:
+    """A choice at ``threads``: a plain bool as is; per thread count, the entry of the
+    largest measured count <= ``threads`` (else the smallest measured); None: ``default``."""
+    if choice is None:
+        return default
+    if isinstance(choice, bool):
+        return choice
+    counts = sorted(int(t) for t in choice)
+    below = [t for t in counts if t <= threads]
+    return bool(choice[str(below[-1] if below else counts[0])])
 
 
 def read_tuning_file(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -122,7 +138,7 @@ def load_tuning(path: str | os.PathLike | None = None, key: str | None = None) -
 
 
 def save_tuning(entry: dict[str, Any], path: str | os.PathLike | None = None, key: str | None = None) -> Path:
-    """Write ``entry`` (choices of :data:`CHOICES` plus any measurement notes) as this CPU's,
+    """Write ``entry`` (the :data:`CHOICES` plus any measurement notes) as this CPU's,
     keeping other CPUs' entries of a valid file; atomic. Returns the path."""
     path = tuning_path() if path is None else Path(path)
     key = cpu_key() if key is None else key
@@ -135,6 +151,7 @@ def save_tuning(entry: dict[str, Any], path: str | os.PathLike | None = None, ke
     return atomic_write_json(path, {"format": FORMAT, "version": VERSION, "cpus": cpus, "sha256": _checksum(cpus)})
 
 
-def stream_prefetch_choice(path: str | os.PathLike | None = None) -> bool:
-    """Does the streaming kernel prefetch on this CPU? The probe's choice, else the default."""
-    return bool(load_tuning(path).get("stream_prefetch", DEFAULT_STREAM_PREFETCH))
+def stream_prefetch_choice(threads: int = 1, path: str | os.PathLike | None = None) -> bool:
+    """Does the streaming kernel prefetch on this CPU at ``threads``? The probe's choice
+    (:func:`for_threads`), else the default."""
+    return for_threads(load_tuning(path).get("stream_prefetch"), threads)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
+from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
@@ -245,6 +246,14 @@ def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: 
     return out
 
 
+def curves_stream_prefetch(host: HostProfile, threads: int) -> bool:
+    """The streaming-kernel prefetch ``host``'s curves were timed with at ``threads``: its
+    probe's choice (tern.probe.stream_prefetch), else its engine_policy's (older profiles: on)."""
+    ab = host.host.get("stream_prefetch")
+    return for_threads(ab.get("stream_prefetch") if isinstance(ab, dict) else None, threads,
+                       EnginePolicy.of_record(host.host).stream_prefetch)
+
+
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
               host: HostProfile, measure: Measure = measure_in_subprocess,
               progress: bool = True, keep_models: bool = True,
@@ -259,7 +268,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
     records, models_dir = Path(records), Path(models_dir)
     done = {r["key"]: r for r in read_jsonl(records) if r.get("kind") == "sweep_point"}
     rows = []
-    host_stream_prefetch, warned = EnginePolicy.of_record(host.host).stream_prefetch, False
+    warned = False
     todo = [p for p in points if p.key not in done]
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
@@ -276,10 +285,11 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         t0 = time.perf_counter()
         m = measure(path, p)
         policy = EnginePolicy.of_record(m) if "engine_policy" in m else engine_policy()  # what the engine split
-        if policy.stream_prefetch != host_stream_prefetch and not warned:  # the curves priced the other form
+        timed_pf = curves_stream_prefetch(host, p.threads)
+        if policy.stream_prefetch != timed_pf and not warned:  # the curves priced the other form
             warned = True
             print(f"sweep: the engine ran its streaming kernel with prefetch {'on' if policy.stream_prefetch else 'off'}"
-                  f" but {host.label}'s curves timed it {'on' if host_stream_prefetch else 'off'}: predictions of "
+                  f" at {p.threads} thread(s) but {host.label}'s curves timed it {'on' if timed_pf else 'off'}: predictions of "
                   f"DRAM-bound points may be off; `tern probe` on this machine measures both and sets the engine's "
                   f"choice (tern.core.engine_tuning)", file=sys.stderr)
         row = {

@@ -25,8 +25,8 @@ JSON_FIELDS = """\
   op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
              samples, max_rel_err}]: engine operation costs the roofline prices work with
   wall_s: probe wall time in seconds
-  stream_prefetch: {choice, off_over_on: {threads: ratio}, tuning_path: where the engine reads the
-                   choice (null with --no-tuning or --no-op-costs)}"""
+  stream_prefetch: {choice: {threads: prefetch or not}, off_over_on: {threads: ratio}, tuning_path:
+                   where the engine reads the choice (null with --no-tuning)}; absent with --no-op-costs"""
 
 
 def _thread_list(text: str) -> tuple[int, ...]:
@@ -100,9 +100,9 @@ def cli_render(result: dict[str, Any]) -> str:
                      + render_curves(list(prof.op_curves)))
     sp = result.get("stream_prefetch")
     if sp is not None:
-        ratios = ", ".join(f"{t} thread(s) x{r:.3f}" for t, r in sp["off_over_on"].items())
-        parts.append(f"streaming kernel from DRAM without / with software prefetch: {ratios} -> prefetch "
-                     f"{'on' if sp['choice'] else 'off'}"
+        ratios = ", ".join(f"{t} thread(s) x{r:.3f} -> {'on' if sp['choice'][t] else 'off'}"
+                           for t, r in sp["off_over_on"].items())
+        parts.append(f"streaming kernel from DRAM, speed without / with software prefetch: {ratios}"
                      + (f" (engine tuning saved to {sp['tuning_path']})" if sp["tuning_path"]
                         else " (not saved: --no-tuning)"))
     parts += [f"saved {result['profile_path']}"]

@@ -44,6 +44,7 @@ from functools import lru_cache
 import numba
 import numpy as np
 
+from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
 from tern.core.records import summarize
@@ -350,9 +351,10 @@ def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str,
 
 def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
                       timing: TimingConfig | None = None, max_bytes: int | None = None,
-                      stream_prefetch: bool = True) -> list[OpCurve]:
+                      stream_prefetch: bool | dict[str, bool] = True) -> list[OpCurve]:
     """Every curve of :func:`curve_plan` over the probe's working sets (``stream_prefetch``:
-    the streaming kernel's software prefetch, the engine's on this host)."""
+    the streaming kernel's software prefetch, the engine's on this host, per thread count:
+    tern.core.engine_tuning.for_threads)."""
     from tqdm import tqdm
 
     sets = QUICK_WORKING_SETS if quick else WORKING_SETS
@@ -363,7 +365,8 @@ def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, prog
     out = []
     for op, split, t, shape in tqdm(plan, desc="kernel curves", unit="curve", disable=not progress, leave=False,
                                     file=sys.stderr, mininterval=0.5):
-        out.append(measure_curve(op, split, t, sets, buf, timing, shape=shape, stream_prefetch=stream_prefetch))
+        out.append(measure_curve(op, split, t, sets, buf, timing, shape=shape,
+                                 stream_prefetch=for_threads(stream_prefetch, t)))
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tern.core.config import ModelConfig
+from tern.core.engine_tuning import for_threads
 from tern.core.host_profile import EngineRun
 from tern.packed.writer import random_model
 from tern.run.engine import Engine
@@ -42,7 +43,7 @@ CONTEXT_MODELS = (
 
 def measure_engine_runs(threads: tuple[int, ...] = (1,), tokens: int = 128, repeats: int = 5,
                         warmup: int = 32, progress: bool = True, seed: int = 0,
-                        stream_prefetch: bool = True) -> list[EngineRun]:
+                        stream_prefetch: bool | dict[str, bool] = True) -> list[EngineRun]:
     """Each context model at each thread count: medians of ``repeats`` runs of ``tokens``
     (engines with the streaming-kernel prefetch the probe chose, whatever a tuning file says)."""
     from tqdm import tqdm
@@ -55,7 +56,7 @@ def measure_engine_runs(threads: tuple[int, ...] = (1,), tokens: int = 128, repe
                  for cfg in CONTEXT_MODELS}
         for cfg, t in tqdm(jobs, desc="engine runs", unit="run", disable=not progress, leave=False,
                            file=sys.stderr):
-            eng = Engine(paths[cfg.name], threads=t, stream_prefetch=stream_prefetch)
+            eng = Engine(paths[cfg.name], threads=t, stream_prefetch=for_threads(stream_prefetch, t))
             toks = rng.integers(0, cfg.vocab_size, size=tokens)
             time_steps(eng, toks[:warmup])
             time_in_numba(eng, toks[:warmup])

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from tern.core.engine_tuning import for_threads
 from tern.core.host_profile import OpCost
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
@@ -355,10 +356,12 @@ def slow_samples(samples: list[OpSample]) -> list[int]:
 
 
 def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
-                     timing: TimingConfig | None = None, stream_prefetch: bool = True) -> list[OpCost]:
+                     timing: TimingConfig | None = None,
+                     stream_prefetch: bool | dict[str, bool] = True) -> list[OpCost]:
     """Time every op at its sizes (matvecs also at each thread count > 1) and fit costs;
     samples far slower than their fit (:func:`slow_samples`) are timed again first.
-    ``stream_prefetch``: the streaming kernel's software prefetch (the engine's on this host)."""
+    ``stream_prefetch``: the streaming kernel's software prefetch (the engine's on this host;
+    per thread count: tern.core.engine_tuning.for_threads)."""
     from tqdm import tqdm
 
     plan = [(op, 1, shape) for op in OPS for shape in op_shapes(op, 1, quick)]
@@ -367,13 +370,14 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
     by_key: dict[tuple[str, int], list[tuple[tuple[int, ...], OpSample]]] = {}
     for op, t, shape in tqdm(plan, desc="engine op costs", unit="size", disable=not progress, leave=False,
                              file=sys.stderr, mininterval=0.5):
-        by_key.setdefault((op, t), []).append((shape, time_op(op, shape, t, timing, stream_prefetch=stream_prefetch)))
+        by_key.setdefault((op, t), []).append((shape, time_op(op, shape, t, timing,
+                                                              stream_prefetch=for_threads(stream_prefetch, t))))
     costs = []
     for (op, t), timed in by_key.items():
         shapes = [shape for shape, _ in timed]
         samples = retime_slow([x for _, x in timed], slow_samples,
                               lambda i, op=op, t=t, shapes=shapes: time_op(op, shapes[i], t, timing,
-                                                                           stream_prefetch=stream_prefetch),
+                                                                           stream_prefetch=for_threads(stream_prefetch, t)),
                               lambda x: x.seconds)
         costs.append(fit_cost(samples))
     return costs

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import Topology, detect_caches, read_topology, usable_cpus
 from tern.core.host_profile import HostProfile, KernelThroughput
 from tern.core.records import run_metadata
@@ -145,7 +146,7 @@ def cpu_facts() -> dict[str, Any]:
 def engine_policy(stream_prefetch: bool = True) -> EnginePolicy:
     """The engine the probe's engine runs time (tern.kernels.ops_region.ENGINE_POLICY:
     imported here, not at module load, since it compiles numba code), with the streaming
-    kernel's prefetch the probe chose (tern.probe.stream_prefetch)."""
+    kernel's prefetch the probe chose (tern.probe.stream_prefetch) at its largest thread count."""
     from tern.kernels.ops_region import ENGINE_POLICY
 
     return replace(ENGINE_POLICY, stream_prefetch=bool(stream_prefetch))
@@ -216,7 +217,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
         engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress,
                                           stream_prefetch=stream_pf["stream_prefetch"])
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1),
-                      stream_prefetch=True if stream_pf is None else stream_pf["stream_prefetch"])
+                      stream_prefetch=for_threads(None if stream_pf is None else stream_pf["stream_prefetch"],
+                                                  max(sc.thread_counts)))
     try:
         layer = numba.threading_layer()
     except ValueError:  # no parallel kernel has run
@@ -234,7 +236,7 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
         "probe_wall_s": round(time.perf_counter() - t0, 2),
     })
     if stream_pf is not None:
-        host["stream_prefetch"] = stream_pf  # the A/B behind engine_policy's stream_prefetch
+        host["stream_prefetch"] = stream_pf  # the A/B and its choice per thread count (engine_policy: the largest)
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),

@@ -28,7 +28,7 @@ computes the same model (docs/MODEL.md):
   stream (tern.kernels.policy.stream_row_bytes); "auto" (default) applies that rule with this
   machine's LLC size, "on" streams every long-row matrix, "off" none. Same sums either way.
 - ``stream_prefetch``: software prefetch in that streaming kernel (True / False); "auto" (default):
-  this CPU's choice as ``tern probe`` measured it (tern.core.engine_tuning; else on). Same sums.
+  this CPU's choice at this thread count as ``tern probe`` measured it (tern.core.engine_tuning; else on).
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
   to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
@@ -141,7 +141,7 @@ class Engine:
         self.stream = stream
         if not (isinstance(stream_prefetch, (bool, np.bool_)) or stream_prefetch == "auto"):
             raise ValueError(f"stream_prefetch must be True, False or 'auto', got {stream_prefetch!r}")
-        self.stream_prefetch = stream_prefetch_choice() if stream_prefetch == "auto" else bool(stream_prefetch)
+        self.stream_prefetch = stream_prefetch_choice(self.threads) if stream_prefetch == "auto" else bool(stream_prefetch)
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16

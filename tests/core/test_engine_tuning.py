@@ -36,7 +36,7 @@ def test_cpu_key_reads_the_first_processor(tmp_path, monkeypatch):
 def test_round_trip_keeps_other_cpus(tmp_path):
     p = tmp_path / "sub" / "t.json"
     assert et.load_tuning(p, key="a") == {}
-    assert et.stream_prefetch_choice(p) is et.DEFAULT_STREAM_PREFETCH  # no file: the default
+    assert et.stream_prefetch_choice(1, p) is et.DEFAULT_STREAM_PREFETCH  # no file: the default
     et.save_tuning({"stream_prefetch": False, "off_over_on": {"1": 1.1}}, p, key="a")
     et.save_tuning({"stream_prefetch": True}, p, key="b")
     assert et.load_tuning(p, key="a") == {"stream_prefetch": False, "off_over_on": {"1": 1.1}}
@@ -49,11 +49,18 @@ def test_round_trip_keeps_other_cpus(tmp_path):
 
 def test_this_cpus_choice_is_what_the_engine_reads(tmp_path):
     p = tmp_path / "t.json"
-    et.save_tuning({"stream_prefetch": False}, p)
-    assert et.stream_prefetch_choice(p) is False
+    et.save_tuning({"stream_prefetch": False}, p)  # one choice for every thread count
+    assert et.stream_prefetch_choice(1, p) is False and et.stream_prefetch_choice(8, p) is False
     et.save_tuning({"stream_prefetch": False}, p, key="some other cpu")
-    et.save_tuning({"stream_prefetch": True}, p)
-    assert et.stream_prefetch_choice(p) is True
+    et.save_tuning({"stream_prefetch": {"1": False, "2": True}}, p)
+    assert [et.stream_prefetch_choice(t, p) for t in (1, 2, 3, 16)] == [False, True, True, True]
+
+
+def test_for_threads_takes_the_largest_measured_count_at_or_below():
+    choice = {"2": True, "4": False}
+    assert [et.for_threads(choice, t) for t in (1, 2, 3, 4, 9)] == [True, True, True, False, False]
+    assert et.for_threads(None, 3) is et.DEFAULT_STREAM_PREFETCH and et.for_threads(None, 3, default=False) is False
+    assert et.for_threads(False, 7) is False
 
 
 @pytest.mark.parametrize("damage", ["not json", "format", "version", "checksum", "type"])
@@ -77,12 +84,13 @@ def test_an_invalid_file_is_ignored_with_a_warning(tmp_path, damage):
     with pytest.raises(ValueError):
         et.read_tuning_file(p)
     with pytest.warns(et.TuningFileWarning, match="defaults apply"):
-        assert et.stream_prefetch_choice(p) is et.DEFAULT_STREAM_PREFETCH
+        assert et.stream_prefetch_choice(1, p) is et.DEFAULT_STREAM_PREFETCH
     et.save_tuning({"stream_prefetch": False}, p)  # an invalid file is replaced on the next save
-    assert et.stream_prefetch_choice(p) is False
+    assert et.stream_prefetch_choice(1, p) is False
 
 
-def test_save_rejects_a_bad_choice(tmp_path):
-    with pytest.raises(ValueError, match="stream_prefetch must be bool"):
-        et.save_tuning({"stream_prefetch": 1}, tmp_path / "t.json")
+@pytest.mark.parametrize("bad", [1, "no", {}, {"0": True}, {"one": True}, {"1": 1}])
+def test_save_rejects_a_bad_choice(tmp_path, bad):
+    with pytest.raises(ValueError, match="stream_prefetch must be true / false or"):
+        et.save_tuning({"stream_prefetch": bad}, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()

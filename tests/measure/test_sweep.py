@@ -401,6 +401,7 @@ def test_sweep_warns_when_the_engine_streamed_unlike_the_profile(tmp_path, capsy
     curve, so the sweep says so once, naming what to run."""
     from dataclasses import replace
 
+    import tern.measure.sweep as sw
     from tern.kernels.policy import CURRENT_POLICY
 
     h = host()
@@ -413,4 +414,12 @@ def test_sweep_warns_when_the_engine_streamed_unlike_the_profile(tmp_path, capsy
     same = h.__class__.from_dict({**h.to_dict(), "host": {**h.host, "engine_policy": off.to_dict()}})
     run_sweep(pts, tmp_path / "rec2.jsonl", tmp_path / "m", same, progress=False, read_now=None, kernel_now=None,
               measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3, "engine_policy": off.to_dict()})
+    assert "streaming kernel" not in capsys.readouterr().err
+    # a probe's choice per thread count: off at 1 thread, on at 2, as the engine ran them
+    ab = {"stream_prefetch": {"1": False, "2": True}}
+    per_t = h.__class__.from_dict({**h.to_dict(), "host": {**h.host, "stream_prefetch": ab}})
+    assert [sw.curves_stream_prefetch(per_t, t) for t in (1, 2, 4)] == [False, True, True]
+    run_sweep(pts, tmp_path / "rec3.jsonl", tmp_path / "m", per_t, progress=False, read_now=None, kernel_now=None,
+              measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3,
+                                    "engine_policy": replace(CURRENT_POLICY, stream_prefetch=q.threads == 2).to_dict()})
     assert "streaming kernel" not in capsys.readouterr().err

@@ -587,8 +587,8 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
 
     sp = res["stream_prefetch"]
     assert sp["tuning_path"] == str(tuning_path()) and set(sp["off_over_on"]) == {"1"}
-    assert load_tuning()["stream_prefetch"] is sp["choice"] == HostProfile.load(out).host["stream_prefetch"]["stream_prefetch"]
-    assert HostProfile.load(out).host["engine_policy"].get("stream_prefetch", True) is sp["choice"]
+    assert load_tuning()["stream_prefetch"] == sp["choice"] == HostProfile.load(out).host["stream_prefetch"]["stream_prefetch"]
+    assert HostProfile.load(out).host["engine_policy"].get("stream_prefetch", True) is sp["choice"]["1"]
     tuning_path().unlink()
     assert main(["probe", "--json", "--no-tuning", "--out", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["stream_prefetch"]["tuning_path"] is None

@@ -442,3 +442,7 @@ def test_stream_prefetch_auto_follows_this_cpus_tuning(tmp_path, monkeypatch):
     save_tuning({"stream_prefetch": False}, key="another cpu")
     save_tuning({"stream_prefetch": True})
     assert Engine(path).stream_prefetch is True
+    save_tuning({"stream_prefetch": {"1": False, "2": True}})  # per thread count, as the probe writes it
+    assert Engine(path).stream_prefetch is False
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        assert Engine(path, threads=2).stream_prefetch is True
