@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, param_counts
-from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import EnginePolicy
+from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.curves import kernel_reference
 from tern.probe.profile import engine_policy
@@ -53,8 +53,7 @@ JSON_FIELDS = """\
 
 
 # ---- families -------------------------------------------------------------------------------
-# Active budgets. Routers are int8 and the tied embedding/head int8, so that the streamed
-# experts and the mixers dominate the bytes per token (see docs/MODEL.md, MoE layer).
+# Active budgets; int8 routers and tied embedding / head, so the streamed experts and mixers dominate the bytes.
 BUDGETS: dict[str, ModelConfig] = {
     "4m": ModelConfig(
         name="sweep-4m", vocab_size=1024, d_model=256, n_layers=4, attn_layers=(2,), n_heads=4,
@@ -65,9 +64,8 @@ BUDGETS: dict[str, ModelConfig] = {
         mlp_hidden=0, moe_layers=(1, 3, 5), n_experts=1, top_k=1, expert_hidden=4096,
         embed_format="int8", head_format="int8", router_format="int8"),
 }
-# Coarse experts (hidden 2048 / 4096, top-1): a router costs E x D bytes per MoE layer, i.e.
-# ~1.33/hidden of the expert bytes in int8, so at 2 GB total only large experts keep the
-# router small against a few MB of active bytes. Granular experts are studied by the gates.
+# Coarse experts (hidden 2048 / 4096, top-1): a router costs E x D bytes per MoE layer (~1.33/hidden of the expert
+# bytes in int8), so at 2 GB total only large experts keep it small. Granular experts are studied by the gates.
 
 
 def experts_for_total_bytes(base: ModelConfig, total_bytes: float) -> int:
@@ -246,29 +244,19 @@ def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: 
     return out
 
 
-def curves_stream_prefetch(host: HostProfile, threads: int) -> bool:
-    """The streaming-kernel prefetch ``host``'s curves were timed with at ``threads``: its
-    probe's choice (tern.probe.stream_prefetch), else its engine_policy's (older profiles: on)."""
-    ab = host.host.get("stream_prefetch")
-    return for_threads(ab.get("stream_prefetch") if isinstance(ab, dict) else None, threads,
-                       EnginePolicy.of_record(host.host).stream_prefetch)
-
-
 def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | Path,
               host: HostProfile, measure: Measure = measure_in_subprocess,
               progress: bool = True, keep_models: bool = True,
               read_now: ReadNow | None = read_reference,
               kernel_now: KernelNow | None = kernel_reference) -> list[dict[str, Any]]:
-    """Measure every point not already in ``records``; returns all points' rows in order.
-    Before each measured point :func:`host_now` times the host's read rate at the model's
-    total bytes (``read_now``, default tern.probe.bandwidth.read_reference) and its cores'
-    speed (``kernel_now``, default tern.probe.curves.kernel_reference); None skips either."""
+    """Measure every point not already in ``records``; returns all points' rows in order. Before each measured
+    point :func:`host_now` times the host's read rate at the model's total bytes (``read_now``, default
+    tern.probe.bandwidth.read_reference) and cores' speed (``kernel_now``, curves.kernel_reference); None skips."""
     from tqdm.auto import tqdm
 
     records, models_dir = Path(records), Path(models_dir)
     done = {r["key"]: r for r in read_jsonl(records) if r.get("kind") == "sweep_point"}
-    rows = []
-    warned = False
+    rows, warned = [], False
     todo = [p for p in points if p.key not in done]
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
@@ -285,13 +273,10 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         t0 = time.perf_counter()
         m = measure(path, p)
         policy = EnginePolicy.of_record(m) if "engine_policy" in m else engine_policy()  # what the engine split
-        timed_pf = curves_stream_prefetch(host, p.threads)
-        if policy.stream_prefetch != timed_pf and not warned:  # the curves priced the other form
+        note = stream_prefetch_mismatch(host, p.threads, policy)
+        if note and not warned:  # once a sweep
             warned = True
-            print(f"sweep: the engine ran its streaming kernel with prefetch {'on' if policy.stream_prefetch else 'off'}"
-                  f" at {p.threads} thread(s) but {host.label}'s curves timed it {'on' if timed_pf else 'off'}: predictions of "
-                  f"DRAM-bound points may be off; `tern probe` on this machine measures both and sets the engine's "
-                  f"choice (tern.core.engine_tuning)", file=sys.stderr)
+            print(f"sweep: {note}", file=sys.stderr)
         row = {
             "kind": "sweep_point", "key": p.key, "family": p.family, "budget": p.budget,
             "name": p.config.name, "config": p.config.to_dict(), "threads": p.threads,

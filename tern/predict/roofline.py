@@ -86,6 +86,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tern.core.config import ModelConfig
+from tern.core.engine_tuning import for_threads
 from tern.core.formats import get_format
 from tern.core.host_caches import GIB, KIB
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
@@ -170,6 +171,26 @@ def host_engine_policy(host: HostProfile) -> EnginePolicy:
     """The engine the host's probe ran (its profile's record; LEGACY_POLICY without one):
     what a prediction for that host prices unless told otherwise."""
     return EnginePolicy.of_record(host.host)
+
+
+def curves_stream_prefetch(host: HostProfile, threads: int) -> bool:
+    """The streaming-kernel prefetch ``host``'s curves were timed with at ``threads``: its
+    probe's choice (tern.probe.stream_prefetch), else its engine_policy's (older profiles: on)."""
+    ab = host.host.get("stream_prefetch")
+    return for_threads(ab.get("stream_prefetch") if isinstance(ab, dict) else None, threads,
+                       host_engine_policy(host).stream_prefetch)
+
+
+def stream_prefetch_mismatch(host: HostProfile, threads: int, policy: EnginePolicy) -> str | None:
+    """What is wrong when an engine at ``threads`` ran its streaming kernel unlike ``host``'s
+    curves timed it (predictions of its DRAM-bound pools then price the other form); None if not."""
+    timed = curves_stream_prefetch(host, threads)
+    if policy.stream_prefetch == timed:
+        return None
+    return (f"the engine ran its streaming kernel with prefetch {'on' if policy.stream_prefetch else 'off'} at "
+            f"{threads} thread(s) but {host.label}'s curves timed it {'on' if timed else 'off'}: predictions of "
+            f"DRAM-bound points may be off; `tern probe` on this machine measures both and sets the engine's "
+            f"choice (tern.core.engine_tuning)")
 
 
 def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:

@@ -72,6 +72,15 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # 0.72-1.52), and the kernel speed timed beside the points ran at a median 0.85 of the
     # probe's, off by > 15 % at 25 of 50 points
     "amd-epyc-zen4-s22": (0.82, 0.093, "AMD Zen 4, session 22: the host's own repeat sweep is 74 % within +-20 %"),
+    # and a fourth time (session 23, the engine with the probe's streaming-prefetch choice, off
+    # at both thread counts then): 30 / 50 within, median 15.9 % — 1 thread 21 / 25 (median
+    # 10.7 %), 2 threads 9 / 25 (24.3 %), the 2-thread points at a median 1.24x their
+    # predictions. Its repeat sweep twenty minutes later put the same 2-thread points at a
+    # median 1.06x (1 thread 1.06x) and agreed with the first at 74 % within +-20 % (50 % within
+    # +-10 %; second / first 0.63-1.42); the read rate / kernel speed beside the points were
+    # off the probe's by > 15 % at 25 of 50. Its probe read DRAM at 27.2 / 47.6 GB/s (1 / 2
+    # threads; session 22's: 27 / 31)
+    "amd-epyc-zen4-s23": (0.60, 0.159, "AMD Zen 4, session 23: the host's own repeat sweep is 74 % within +-20 %"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -114,6 +123,10 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     ("amd-epyc-zen4-s22", "206m", 2): 0.245,
     ("amd-epyc-zen4-s22", "d1024-L24-E256k2-h512", 1): 0.166,
     ("amd-epyc-zen4-s22", "d1024-L24-E256k2-h512", 2): 0.215,
+    # session 23 on the same VM (above): 105m at 1 thread measured 1,680 tok/s against 2,054
+    # predicted, 206m 1,668 against 1,952 (1 thread) and 2,251 against 2,666 (2 threads)
+    ("amd-epyc-zen4-s23", "105m", 1): 0.182,
+    ("amd-epyc-zen4-s23", "206m", 2): 0.156,
 }
 
 
@@ -174,7 +187,7 @@ def test_noisy_host_misses_are_its_own_spread():
     """A known miss blamed on the host's own spread carries a repeat sweep that shows it: the
     host agreed with itself at fewer points than the target asks of predictions."""
     noisy = [h for h in HOSTS if h.repeat_rows]
-    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22"]
+    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23"]
     for h in noisy:
         r = repeatability(h.rows, h.repeat_rows)
         assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)

@@ -401,8 +401,8 @@ def test_sweep_warns_when_the_engine_streamed_unlike_the_profile(tmp_path, capsy
     curve, so the sweep says so once, naming what to run."""
     from dataclasses import replace
 
-    import tern.measure.sweep as sw
     from tern.kernels.policy import CURRENT_POLICY
+    from tern.predict.roofline import curves_stream_prefetch
 
     h = host()
     off = replace(CURRENT_POLICY, stream_prefetch=False)
@@ -418,7 +418,7 @@ def test_sweep_warns_when_the_engine_streamed_unlike_the_profile(tmp_path, capsy
     # a probe's choice per thread count: off at 1 thread, on at 2, as the engine ran them
     ab = {"stream_prefetch": {"1": False, "2": True}}
     per_t = h.__class__.from_dict({**h.to_dict(), "host": {**h.host, "stream_prefetch": ab}})
-    assert [sw.curves_stream_prefetch(per_t, t) for t in (1, 2, 4)] == [False, True, True]
+    assert [curves_stream_prefetch(per_t, t) for t in (1, 2, 4)] == [False, True, True]
     run_sweep(pts, tmp_path / "rec3.jsonl", tmp_path / "m", per_t, progress=False, read_now=None, kernel_now=None,
               measure=lambda p, q: {"tok_per_s": 100.0, "repeats": 3,
                                     "engine_policy": replace(CURRENT_POLICY, stream_prefetch=q.threads == 2).to_dict()})
