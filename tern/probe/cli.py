@@ -68,18 +68,12 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
           f"{format_bytes(cfg.sweep.min_ws_bytes)} .. {format_bytes(cfg.sweep.max_ws_bytes)}, "
           f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
     out = Path(args.out)
-    profile = run_probe(cfg, out=out)
+    profile = run_probe(cfg, out=out, tuning=not args.no_tuning)
     summary = probe_summary(profile, out)
     ab = profile.host.get("stream_prefetch")
     if ab is not None:
-        path = None
-        if not args.no_tuning:
-            from tern.core.engine_tuning import save_tuning
-
-            path = str(save_tuning({"stream_prefetch": ab["stream_prefetch"], "off_over_on": ab["off_over_on"],
-                                    "profile": str(out), "timestamp": profile.host.get("timestamp")}))
         summary["stream_prefetch"] = {"choice": ab["stream_prefetch"], "off_over_on": ab["off_over_on"],
-                                      "tuning_path": path}
+                                      "tuning_path": ab["tuning_path"]}
     return summary
 
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tern.core.engine_tuning import for_threads
+from tern.core.engine_tuning import for_threads, save_tuning
 from tern.core.host_caches import Topology, detect_caches, read_topology, usable_cpus
 from tern.core.host_profile import HostProfile, KernelThroughput
 from tern.core.records import run_metadata
@@ -176,8 +176,10 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: 
 
 
 def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None = None,
-              progress: bool = True) -> HostProfile:
-    """Measure this host and return its HostProfile (saved atomically to ``out`` if given)."""
+              progress: bool = True, tuning: bool = True) -> HostProfile:
+    """Measure this host and return its HostProfile (saved atomically to ``out`` if given).
+    ``tuning``: save the streaming kernel's prefetch choice for this CPU where the engine
+    reads it (tern.core.engine_tuning; its path goes into ``host["stream_prefetch"]``)."""
     import numba
 
     from tern.probe import kernel_table as kernel_bench
@@ -237,6 +239,9 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     })
     if stream_pf is not None:
         host["stream_prefetch"] = stream_pf  # the A/B and its choice per thread count (engine_policy: the largest)
+        stream_pf["tuning_path"] = str(save_tuning({
+            "stream_prefetch": stream_pf["stream_prefetch"], "off_over_on": stream_pf["off_over_on"],
+            "profile": None if out is None else str(out), "timestamp": host.get("timestamp")})) if tuning else None
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),
@@ -247,8 +252,9 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
 
 
 def quick_profile(out: str | os.PathLike | None = None, progress: bool = True) -> HostProfile:
-    """A quick probe of this machine (what tern.predict.roofline runs when no profile exists)."""
-    return run_probe(probe_config(quick=True), out=out, progress=progress)
+    """A quick probe of this machine (what tern.predict.roofline runs when no profile exists;
+    it leaves the engine's tuning as it is)."""
+    return run_probe(probe_config(quick=True), out=out, progress=progress, tuning=False)
 
 
 # ---- CLI ----------------------------------------------------------------------------------

@@ -549,9 +549,11 @@ def _tiny_config(**_: object) -> probe.ProbeConfig:
                              quick=True, sys_root=str(FIX / "sys_ryzen5_3600x"))
 
 
-def test_tiny_probe_round_trips(tmp_path):
+def test_tiny_probe_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "tuning.json"))
     out = tmp_path / "host_profile.json"
-    prof = probe.run_probe(_tiny_config(), out=out, progress=False)
+    prof = probe.run_probe(_tiny_config(), out=out, progress=False, tuning=False)
+    assert prof.host["stream_prefetch"]["tuning_path"] is None and not (tmp_path / "tuning.json").exists()
     assert prof.measured and prof.cache_source == "/sys"
     assert len(prof.bandwidth) == 5 * 2  # 4K..64K at 1 point/octave, two kernels
     assert {k.kernel for k in prof.kernels} == {"fp32_matvec", "int8_matvec"}
