@@ -22,7 +22,7 @@ import numpy as np
 from numba import prange
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.prefetch import prefetch_line
+from tern.kernels.prefetch import prefetch_line, prefetch_line_l2, skip_prefetch_setting
 from tern.kernels.simd import (
     ROW_DOT_ISA,
     ROWS_PER_DOT,
@@ -41,19 +41,20 @@ numba.get_num_threads()
 
 SEG_COLS = 256
 SEG_BYTES = 64
-# Inputs per row whose int32 sums stay exact: the SIMD row dots keep group k's codes scaled by 4**k, so an
-# int32 lane of group 3 adds up to 8 products of 128 * 127 per 256-column segment (AVX2): 4,227,328 columns.
+# Inputs per row with exact int32 sums (group k's codes x 4**k: an int32 lane adds 8 x 128 x 127 per segment): 4,227,328
 MAX_COLS = SEG_COLS * ((2**31 - 1) // (8 * 128 * 127))
 ROW_BLOCK = 16  # rows per parallel work item
 SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (8 rows: streaming reads)
-SKIP_PREFETCH_GROUPS = 2  # software prefetch distance of the skip kernel, in groups (8 rows; 1, 2, 4, 8, 16 measured alike within noise, 2 marginally best)
+# Skip kernel prefetch: groups (4 rows) ahead, whole rows into L2 (prefetcht1) or L1: 4 into L2 read 1.69x faster than
+# 2 into L1 from DRAM on Zen 4 (tern.kernels.prefetch). TERN_SKIP_PREFETCH="GROUPS,l1|l2" overrides (skip_prefetch.py)
+SKIP_PREFETCH_GROUPS, SKIP_PREFETCH_LEVEL = skip_prefetch_setting(os.environ.get("TERN_SKIP_PREFETCH", "4,l2"))
+_skip_prefetch = prefetch_line_l2 if SKIP_PREFETCH_LEVEL == "l2" else prefetch_line
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
-# Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). AMD EPYC Zen 5, same run
-# (benchmarks/ternary_matvec.py --prefetch), GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 /
-# 32.3 -> 40.3, in cache 75 -> 81 / 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3. The 4-row
-# passes take ROW_PREFETCH (TERN_ROW_PREFETCH=0 / 1 overrides it at import; compiled in: give each setting its own
-# NUMBA_CACHE_DIR). The engine's one-row pass takes it as an argument (ternary_matvec_stream): on AMD Zen 4 it ran
-# faster from DRAM without, so the probe times both and the engine follows (tern.core.engine_tuning).
+# Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). Zen 5, benchmarks/ternary_matvec.py
+# --prefetch, GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 / 32.3 -> 40.3, in cache 75 -> 81 /
+# 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3. The 4-row passes take ROW_PREFETCH (TERN_ROW_PREFETCH
+# =0 / 1 overrides it at import, compiled in: own NUMBA_CACHE_DIR each). The engine's one-row pass takes it as an
+# argument: on Zen 4 it ran faster from DRAM without, so the probe times both (tern.core.engine_tuning).
 ROW_PREFETCH_DEFAULT = True
 ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
 
@@ -140,8 +141,7 @@ def _rows_stream(packed, row_scale, xq, qsum, x_scale, out, r0, r1, prefetch):
 
 @numba.njit(cache=True, inline="always")
 def _rows_simd(packed, row_scale, xq, qsum, x_scale, out, r0, r1, one_row, prefetch):
-    """Rows r0..r1-1: ROWS_PER_DOT rows per pass over xq, or (``one_row``) the streaming
-    form of _rows_stream for them all; ``prefetch``: software prefetch (see ROW_PREFETCH)."""
+    """Rows r0..r1-1: ROWS_PER_DOT rows per pass over xq, or (``one_row``) _rows_stream's form; ``prefetch``: see ROW_PREFETCH."""
     nfull = xq.shape[0] // SEG_COLS  # complete 256-column segments
     gtail = packed.shape[1] - nfull * SEG_BYTES  # bytes of the last, partial segment (<= 64)
     r = r0
@@ -177,8 +177,7 @@ def ternary_matvec_simd_par(packed, row_scale, xq, x_scale, out):
 
 @numba.njit(cache=True)
 def ternary_matvec_rows(packed, row_scale, xq, x_scale, out, one_row, prefetch):
-    """Variant "simd" with its options as arguments (same sums): ``one_row`` (the streaming
-    pass) and ``prefetch``; for same-process A/Bs (benchmarks/ternary_matvec.py --prefetch)."""
+    """Variant "simd", ``one_row`` (the streaming pass) and ``prefetch`` as arguments (same sums; A/Bs)."""
     _rows_simd(packed, row_scale, xq, act_sum(xq), x_scale, out, 0, packed.shape[0], one_row, prefetch)
 
 
@@ -259,8 +258,8 @@ def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out, prefetch):
 
 @numba.njit(cache=True)
 def skip_groups(xq):
-    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32, qsum int32)``;
-    qq packs the 4 activation bytes of a group (padding entries: row 0 with activation 0)."""
+    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32: 4 activation bytes, qsum int32)``
+    (padding entries: row 0, activation 0)."""
     nz = 0
     for c in range(xq.shape[0]):
         if xq[c] != 0:
@@ -317,12 +316,15 @@ def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
     b_lo, b_hi = s0 * SEG_BYTES, min(s1 * SEG_BYTES, packed_t.shape[1])  # bytes of each row used
     for g0 in range(0, ng, SKIP_GROUP_BLOCK):
         g1 = min(ng, g0 + SKIP_GROUP_BLOCK)
-        # the nonzero rows are scattered: fetch those of a block SKIP_PREFETCH_GROUPS ahead
-        # while this one computes (the hardware prefetcher cannot guess them)
+        # scattered rows: fetch a block's SKIP_PREFETCH_GROUPS ahead while this one computes; whole rows at
+        # SKIP_PREFETCH_LEVEL, part rows (output segments split over threads) into L1 (into L2: 0.70x, Zen 4, 2 threads)
         for gp in range(g0 + SKIP_PREFETCH_GROUPS, min(ng, g1 + SKIP_PREFETCH_GROUPS)):
             for t in range(4):
                 for b in range(b_lo, b_hi, 64):
-                    prefetch_line(packed_t, idx[4 * gp + t], b)
+                    if b_lo == 0 and b_hi == packed_t.shape[1]:
+                        _skip_prefetch(packed_t, idx[4 * gp + t], b)
+                    else:
+                        prefetch_line(packed_t, idx[4 * gp + t], b)
         for seg in range(s0, s1):
             g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
             for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
@@ -343,8 +345,7 @@ def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
 
 @numba.njit(cache=True)
 def ternary_matvec_skip_simd(packed_t, row_scale, xq, x_scale, out):
-    """Skip kernel with SIMD (x86): nonzero inputs taken 4 at a time; their code bytes are
-    interleaved so one vpdpbusd adds 4 inputs' contributions to 16 outputs."""
+    """Skip kernel with SIMD (x86): nonzero inputs 4 at a time, code bytes interleaved (one vpdpbusd: 4 x 16)."""
     idx, qq, qsum = skip_groups(xq)
     nseg = (packed_t.shape[1] + SEG_BYTES - 1) // SEG_BYTES
     _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, 0, nseg)
@@ -377,7 +378,6 @@ def ternary_matvec_skip_par(packed_t, row_scale, xq, x_scale, out):
 
 
 # ---- validation and reference ---------------------------------------------------------------
-
 def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = False) -> None:
     """ValueError naming the problem unless the arguments fit a ternary2 matvec.
 
@@ -447,4 +447,4 @@ def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_sc
 
 
 # numba cache hygiene: the kernels embed tern.kernels.simd's intrinsics and ROW_PREFETCH (no file: text stamped)
-drop_stale_cache(__file__, ("simd.py", "prefetch.py", f"row_prefetch={ROW_PREFETCH}"), act_sum)
+drop_stale_cache(__file__, ("simd.py", "prefetch.py", f"pf={ROW_PREFETCH},{SKIP_PREFETCH_GROUPS},{SKIP_PREFETCH_LEVEL}"), act_sum)

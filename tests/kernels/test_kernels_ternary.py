@@ -441,3 +441,29 @@ def test_cache_guard_drops_entries_when_a_dependency_changes(tmp_path):
     dep.write_text("a = 3\n")
     drop_stale_cache(str(mod), ("dep.py",), fn)
     assert other.exists()
+
+
+def test_skip_prefetch_setting_parses_and_overrides(tmp_path):
+    """TERN_SKIP_PREFETCH="GROUPS,l1|l2" sets the skip kernel's prefetch at import (its own numba
+    cache: compiled in); a malformed value is an error naming the variable and the form."""
+    import os
+    import subprocess
+    import sys
+
+    from tern.kernels.prefetch import skip_prefetch_setting
+
+    assert (K.SKIP_PREFETCH_GROUPS, K.SKIP_PREFETCH_LEVEL) == (4, "l2")
+    assert skip_prefetch_setting(" 2, L1 ") == (2, "l1") and skip_prefetch_setting("0,l2") == (0, "l2")
+    for bad in ("4", "4,l3", "x,l2", "-1,l1", "4,l2,1"):
+        with pytest.raises(ValueError, match="TERN_SKIP_PREFETCH must be"):
+            skip_prefetch_setting(bad)
+    env = {**os.environ, "TERN_SKIP_PREFETCH": "2,l1", "NUMBA_CACHE_DIR": str(tmp_path / "nb")}
+    code = ("import numpy as np; import tern.kernels.kernels_ternary as K; from tern.kernels.packing import pack_ternary2\n"
+            "rng = np.random.default_rng(0); wt = rng.integers(-1, 2, (300, 700)).astype(np.int8)\n"
+            "xq = np.where(rng.random(300) < .3, rng.integers(-127, 128, 300), 0).astype(np.int8)\n"
+            "out = np.empty(700, np.float32); rs = np.ones(700, np.float32)\n"
+            "K.ternary_matvec_skip(pack_ternary2(wt), rs, xq, np.float32(1), out)\n"
+            "ok = np.array_equal(out, (wt.astype(np.int64).T @ xq.astype(np.int64)).astype(np.float32))\n"
+            "print(K.SKIP_PREFETCH_GROUPS, K.SKIP_PREFETCH_LEVEL, ok)")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert got[-3:] == ["2", "l1", "True"]
