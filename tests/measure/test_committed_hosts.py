@@ -81,6 +81,13 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # off the probe's by > 15 % at 25 of 50. Its probe read DRAM at 27.2 / 47.6 GB/s (1 / 2
     # threads; session 22's: 27 / 31)
     "amd-epyc-zen4-s23": (0.60, 0.159, "AMD Zen 4, session 23: the host's own repeat sweep is 74 % within +-20 %"),
+    # the same VM again after session 23's skip-kernel change (whole rows prefetched into L2; the probe chose the
+    # streaming kernel without prefetch at both thread counts): 39 / 50 within, median 9.5 % — 1 thread 24 / 25
+    # (median 4.2 %: the targets met), 2 threads 15 / 25 (13.2 %). Not noise alone: the 2-thread points ran at a
+    # median 0.87x their predictions in the sweep and 0.90x in its repeat (4m-e36 / e2676 0.54 / 0.53 in the
+    # first, 0.82 / 0.84 in the repeat; 30m-e455 0.71 / 0.72 in both), so the one-region step's 2-thread work is
+    # priced too fast on this host; the repeat agreed with the first at 83 % within +-20 % (80 % within +-10 %)
+    "amd-epyc-zen4-s23b": (0.78, 0.095, "AMD Zen 4, session 23 skip change: 2-thread points 0.87x, 1 thread 24/25"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -127,6 +134,9 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # predicted, 206m 1,668 against 1,952 (1 thread) and 2,251 against 2,666 (2 threads)
     ("amd-epyc-zen4-s23", "105m", 1): 0.182,
     ("amd-epyc-zen4-s23", "206m", 2): 0.156,
+    # after the skip change (above): 206m at 1 thread measured 2,409 tok/s against 1,784 predicted (105m 1,985
+    # against 1,897; in the repeat sweep 206m ran 1,921)
+    ("amd-epyc-zen4-s23b", "206m", 1): 0.351,
 }
 
 
@@ -187,7 +197,8 @@ def test_noisy_host_misses_are_its_own_spread():
     """A known miss blamed on the host's own spread carries a repeat sweep that shows it: the
     host agreed with itself at fewer points than the target asks of predictions."""
     noisy = [h for h in HOSTS if h.repeat_rows]
-    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23"]
+    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23",
+                                        "amd-epyc-zen4-s23b"]
     for h in noisy:
         r = repeatability(h.rows, h.repeat_rows)
         assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
