@@ -258,8 +258,7 @@ def ternary_matvec_stream_par(packed, row_scale, xq, x_scale, out, prefetch):
 
 @numba.njit(cache=True)
 def skip_groups(xq):
-    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32: 4 activation bytes, qsum int32)``
-    (padding entries: row 0, activation 0)."""
+    """Nonzero inputs in groups of 4: ``(idx (4 * ng,) int64, qq (ng,) int32: 4 activation bytes, qsum int32)``; pads: row 0, activation 0."""
     nz = 0
     for c in range(xq.shape[0]):
         if xq[c] != 0:
@@ -314,6 +313,7 @@ def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
     acc = np.zeros((s1 - s0, nch, 4 * SKIP_CHUNK_BYTES), dtype=np.int32)
     ng = qq.shape[0]
     b_lo, b_hi = s0 * SEG_BYTES, min(s1 * SEG_BYTES, packed_t.shape[1])  # bytes of each row used
+    whole = b_lo == 0 and b_hi == packed_t.shape[1]  # whole rows (one thread's call) or part rows (split)
     for g0 in range(0, ng, SKIP_GROUP_BLOCK):
         g1 = min(ng, g0 + SKIP_GROUP_BLOCK)
         # scattered rows: fetch a block's SKIP_PREFETCH_GROUPS ahead while this one computes; whole rows at
@@ -321,7 +321,7 @@ def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
         for gp in range(g0 + SKIP_PREFETCH_GROUPS, min(ng, g1 + SKIP_PREFETCH_GROUPS)):
             for t in range(4):
                 for b in range(b_lo, b_hi, 64):
-                    if b_lo == 0 and b_hi == packed_t.shape[1]:
+                    if whole:
                         _skip_prefetch(packed_t, idx[4 * gp + t], b)
                     else:
                         prefetch_line(packed_t, idx[4 * gp + t], b)
