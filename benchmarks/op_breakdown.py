@@ -217,7 +217,8 @@ def timed_token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, w
 # The engine files compiled into this module's cached code, found where the imported tern lives
 # (not beside this script: run against another checkout or a site install, the guard must hash
 # the code it compiled in; a stale cache here once timed the wrong dt layout as a 38 ms scan).
-_DEPS = tuple(str(Path(ops.__file__).resolve().parent / f) for f in ("ops.py",) + ops._DEPS)
+_DEPS = tuple(str(Path(ops.__file__).resolve().parent / f) if f.endswith(".py") else f  # files; compiled-in settings
+              for f in ("ops.py",) + ops._DEPS)
 drop_stale_cache(__file__, _DEPS, timed_token_step)
 
 

@@ -29,7 +29,8 @@ second, 1e9 bytes). Sections:
   passes with their software prefetch compiled for each distance (bytes ahead; the engine's
   is tern.kernels.prefetch.PREFETCH_MIN_BYTES), on an 8 MiB (cache-resident) and a
   >= ``--dram-bytes`` matrix of every ``--row-bytes`` row length, the distances interleaved
-  run by run in one process so a drifting host moves them alike (``prefetch_bytes``);
+  run by run in one process so a drifting host moves them alike (``prefetch_bytes``); with
+  ``--prefetch-level l1,l2`` each distance into each cache level (``prefetch_level``);
 * ``rowlen`` (``--row-length``, run alone): the 4-row "simd" pass against the one-row "stream" pass
   on >= 256 MiB matrices whose packed rows hold 128 B .. 8 KB — how fast each streams
   DRAM against row length (the rule tern.kernels.policy.STREAM_MIN_ROW_BYTES rests on) —
@@ -60,6 +61,7 @@ from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.kernels import kernels_b3 as kb
 from tern.kernels import kernels_ternary as kt
 from tern.kernels.packing import random_ternary2
+from tern.kernels.prefetch import PREFETCH_LEVELS, ROW_PREFETCH_LEVEL, prefetch_level_setting
 from tern.kernels.simd import HAS_VBMI, ROW_DOT_ISA
 from tern.probe import kernel_table as kernel_bench
 from tern.probe import ternary_variants as tv
@@ -267,16 +269,16 @@ DISTANCE_CACHE_BYTES = 8 * 2**20  # the distance section's cache-resident matrix
 DISTANCE_ROW_BYTES = "256,512,1408,3584"  # its default row lengths (d_model 1024 .. 14336)
 
 
-def distance_passes(distance: int) -> dict[str, tuple]:
+def distance_passes(distance: int, level: str = ROW_PREFETCH_LEVEL) -> dict[str, tuple]:
     """{"ternary2": (1-thread, parallel), "ternary2_stream": (...)}: the ternary2 4-row and
     one-row passes (as kt._rows_simd, without scales) with software prefetch ``distance``
-    bytes ahead, compiled for it here (uncached)."""
+    bytes ahead into cache ``level`` ("l1" / "l2"), compiled for it here (uncached)."""
     from numba import prange
 
     from tern.kernels.simd import _ISA, ROWS_PER_DOT, _make_row_dot
 
     def make(nrows: int) -> tuple:
-        dot = _make_row_dot(_ISA, nrows, distance)
+        dot = _make_row_dot(_ISA, nrows, distance, locality=PREFETCH_LEVELS[level])
 
         @numba.njit(inline="always")
         def rows(packed, xq, qsum, out, r0, r1):
@@ -309,7 +311,8 @@ def run_distance(args: argparse.Namespace, threads: list[int], timing: TimingCon
     """The distance section: every (pass, distance) on each matrix, interleaved in rounds."""
     if kt.DEFAULT_VARIANT != "simd":
         raise SystemExit("the distance section needs the simd row passes (AVX2 / AVX-512)")
-    passes = {d: distance_passes(d) for d in args.prefetch_distance}
+    levels = args.prefetch_level or [ROW_PREFETCH_LEVEL]
+    passes = {(d, lv): distance_passes(d, lv) for d in args.prefetch_distance for lv in (levels if d else levels[:1])}
     rows_out = []
     for rb in (int(b) for b in args.row_bytes.split(",")):
         for size in (DISTANCE_CACHE_BYTES, max(args.dram_bytes, 2 * DISTANCE_CACHE_BYTES)):
@@ -317,7 +320,14 @@ def run_distance(args: argparse.Namespace, threads: list[int], timing: TimingCon
             t2 = random_ternary2(n, 4 * rb, seed=0)
             xq = np.random.default_rng(1).integers(-127, 128, size=4 * rb, dtype=np.int8)
             out = np.empty(n, np.float32)
+            dram = size > DISTANCE_CACHE_BYTES
+            buffers = SweepBuffers(t2.nbytes) if dram else None
             for t in threads:
+                read = _read_row(n, 4 * rb, t, buffers, timing, "distance") if dram else None
+                if read:  # the probe's read kernel over the same bytes: the ceiling of the passes
+                    rows_out.append({**run_metadata(t), **meta, **read, "row_bytes": rb})
+                    if args.out:
+                        append_jsonl(args.out, rows_out[-1])
                 jobs = [(k, d) for d in passes for k in passes[d]]
                 with numba_threads(t):
                     calls = {(k, d): (lambda f=passes[d][k][t > 1], a=t2, x=xq, o=out: f(a, x, o)) for k, d in jobs}
@@ -326,10 +336,12 @@ def run_distance(args: argparse.Namespace, threads: list[int], timing: TimingCon
                         for j in jobs:
                             runs[j].append(_time_call(calls[j], t2.nbytes, 2 * n * 4 * rb,
                                                       TimingConfig(min_time_s=timing.min_time_s, repeats=1)))
-                for (k, d), rs in runs.items():
+                for (k, (d, lv)), rs in runs.items():
                     res = {key: summarize([r[key]["median"] for r in rs]) for key in ("gops_per_s", "gbps", "us_per_call")}
                     row = {**run_metadata(t), **meta, "section": "distance", "kernel": k, "rows": n, "cols": 4 * rb,
-                           "row_bytes": rb, "prefetch_bytes": d, "working_set_bytes": int(t2.nbytes),
+                           "row_bytes": rb, "prefetch_bytes": d, "prefetch_level": lv if d else None,
+                           "working_set_bytes": int(t2.nbytes), **({"pct_of_read_gbps": 100.0 * res["gbps"]["median"]
+                                                                    / read["gbps"]["median"]} if read else {}),
                            "weight_bytes": int(t2.nbytes), **res}
                     rows_out.append(row)
                     if args.out:
@@ -348,6 +360,17 @@ def prefetch_distances(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"distances must be distinct multiples of 64 bytes (0: no prefetch), "
                                          f"got {text!r}")
     return ds
+
+
+def prefetch_levels(text: str) -> list[str]:
+    """--prefetch-level: comma-separated distinct cache levels, each "l1" or "l2"."""
+    try:
+        levels = [prefetch_level_setting(x, "--prefetch-level") for x in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if len(set(levels)) != len(levels):
+        raise argparse.ArgumentTypeError(f"levels must be distinct, got {text!r}")
+    return levels
 
 
 ROWLEN_CACHE_BYTES = 128 * 1024  # the rowlen_cache matrix: an expert's gate (512 x 1024 ternary2)
@@ -433,7 +456,7 @@ def render(rows: list[dict]) -> str:
             note = f"prefetch {'on' if r['prefetch'] else 'off'}" + (
                 f", {r['pct_of_read_gbps']:.0f}% of read bandwidth" if "pct_of_read_gbps" in r else "")
         if "prefetch_bytes" in r:
-            note = f"{r['row_bytes']} B rows, " + (f"prefetch {r['prefetch_bytes']} B ahead" if r["prefetch_bytes"]
+            note = f"{r['row_bytes']} B rows, " + (f"prefetch {r['prefetch_bytes']} B ahead into {r.get('prefetch_level') or 'l1'}" if r["prefetch_bytes"]
                                                    else "no software prefetch")
         if r["kernel"] == "read_bandwidth":
             note = f"probe read kernel, {r['working_set_bytes'] / 2**20:.0f} MiB"
@@ -465,6 +488,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="run only the distance section: the row passes with software prefetch compiled for "
                         "each distance (e.g. 4096,8192), interleaved in one process (--row-bytes: its row "
                         f"lengths, default {DISTANCE_ROW_BYTES})")
+    p.add_argument("--prefetch-level", type=prefetch_levels, default=None, metavar="l1|l2[,...]",
+                   help="distance section: the cache level(s) the prefetch fills, each crossed with every "
+                        f"distance (default: the engine's, {ROW_PREFETCH_LEVEL})")
     p.add_argument("--rounds", type=int, default=1, help="prefetch section: off/on pairs per kernel (default 1)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or 5

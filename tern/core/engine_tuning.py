@@ -1,14 +1,22 @@
-"""This machine's engine choices: what the probe measured the faster of two same-sum kernel
+"""This machine's engine choices: what the probe measured the faster of same-sum kernel
 forms to be, for the engine to follow.
 
-Today one choice: ``stream_prefetch``, whether the streaming (one row per pass) ternary
-kernel issues software prefetch, per thread count (``{"1": false, "2": true}``). From DRAM
-it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at 1 thread) and hurt on AMD Zen 4 at 1 thread
-(4-19 % slower at 256 B - 1.4 KB rows) but not at 2, so ``tern probe`` times both at each
-thread count on the host it runs on (tern.probe.stream_prefetch), writes the faster here and
-the engine's default (``Engine(stream_prefetch="auto")``) reads the entry of its thread
-count (:func:`for_threads`). Without a file, or on a CPU the file does not know, the engine
-prefetches (:data:`DEFAULT_STREAM_PREFETCH`, what every engine before the choice did).
+Two choices, each per thread count (``{"1": false, "2": true}``):
+
+* ``stream_prefetch``: does the streaming (one row per pass) ternary kernel issue software
+  prefetch? From DRAM it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at 1 thread) and hurt on AMD
+  Zen 4 at 1 thread (4-19 % slower at 256 B - 1.4 KB rows, prefetch into L1) but not at 2;
+* ``stream``: do the long rows (320 B - 4 KB) of DRAM-resident pools run that streaming kernel
+  at all, or the 4-row pass (tern.kernels.policy.stream_row_bytes)? With the row passes'
+  prefetch into L2 the 4-row pass read DRAM at 83-94 % of the read kernel's rate on Zen 4
+  at 1 thread, faster than the stream (benchmarks/README, "The row passes' prefetch into L2").
+
+``tern probe`` times the three forms at each thread count on the host it runs on
+(tern.probe.stream_prefetch), writes the choices here, and the engine's defaults
+(``Engine(stream="auto", stream_prefetch="auto")``) read the entries of its thread count
+(:func:`for_threads`). Without a file, or on a CPU the file does not know, the engine streams
+and prefetches (:data:`DEFAULT_STREAM`, :data:`DEFAULT_STREAM_PREFETCH`: what every engine
+before the choices did).
 
 The file is small JSON, one entry per CPU (:func:`cpu_key`: vendor, family, model,
 stepping and model name, so a home directory shared by different machines keeps each
@@ -33,7 +41,8 @@ from tern.core.records import atomic_write_json
 FORMAT = "tern-engine-tuning"
 VERSION = 1
 DEFAULT_STREAM_PREFETCH = True
-CHOICES = ("stream_prefetch",)  # each {threads (str): bool}; a plain bool (every thread count) is read too
+DEFAULT_STREAM = True
+CHOICES = ("stream_prefetch", "stream")  # each {threads (str): bool}; a plain bool (every thread count) is read too
 
 
 class TuningFileWarning(UserWarning):
@@ -155,3 +164,9 @@ def stream_prefetch_choice(threads: int = 1, path: str | os.PathLike | None = No
     """Does the streaming kernel prefetch on this CPU at ``threads``? The probe's choice
     (:func:`for_threads`), else the default."""
     return for_threads(load_tuning(path).get("stream_prefetch"), threads)
+
+
+def stream_choice(threads: int = 1, path: str | os.PathLike | None = None) -> bool:
+    """Do DRAM-resident pools' long rows run the streaming kernel on this CPU at ``threads``
+    (else the 4-row pass)? The probe's choice (:func:`for_threads`), else :data:`DEFAULT_STREAM`."""
+    return for_threads(load_tuning(path).get("stream"), threads, DEFAULT_STREAM)

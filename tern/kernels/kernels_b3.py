@@ -41,7 +41,13 @@ from numba.core import cgutils
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_ternary import MAX_COLS, act_sum
 from tern.kernels.packing import B3_MAX_BYTE, B3_TRITS
-from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
+from tern.kernels.prefetch import (
+    PREFETCH_MIN_BYTES,
+    PREFETCH_STAMP,
+    ROW_LOCALITY,
+    emit_prefetch,
+    prefetch_ahead,
+)
 from tern.kernels.simd import (
     _I8,
     _I32,
@@ -144,7 +150,7 @@ def _decode(builder, v, vty, decode):
     return codes
 
 
-def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
+def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch, locality):
     pk_ty, _, xp_ty, _, _ = sig.args
     packed_arg, r, xp_arg, nfull, gtail = args
     pk = context.make_array(pk_ty)(context, builder, packed_arg)
@@ -178,7 +184,7 @@ def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
             if nvalid is None:
                 if prefetch:  # a hint only: past the row (or the array) it never faults
                     for rb in row_bases:
-                        emit_prefetch(builder, rb, builder.add(off, ahead))
+                        emit_prefetch(builder, rb, builder.add(off, ahead), locality)
                 pvs = [_load_vec(builder, rb, off, vbytes) for rb in row_bases]
             else:
                 left = builder.sub(nvalid, ir.Constant(_I64, h * width))
@@ -209,18 +215,19 @@ def _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch):
     return context.make_tuple(builder, sig.return_type, sums)
 
 
-def make_b3_dot(isa: str, decode: str, nrows: int = 1, prefetch: int = 0):
+def make_b3_dot(isa: str, decode: str, nrows: int = 1, prefetch: int = 0, locality: int = ROW_LOCALITY):
     """An intrinsic ``(packed, r, xp, nfull, gtail) -> int32`` (a tuple of ``nrows`` for
     nrows > 1): ``sum_c code[r + i, c] * xp'`` over row r + i's nfull complete 64-byte
     blocks plus a last block of gtail bytes (0 <= gtail < 64), xp in b3_permute order.
     ``isa``: the dot instruction (tern.kernels.simd); ``decode``: "vbmi" or "cmp";
     ``prefetch``: each block's loads prefetch the same bytes max(prefetch, nrows * row
-    stride) bytes further on (the rows of the next pass; 0: no prefetch)."""
+    stride) bytes further on (the rows of the next pass; 0: no prefetch), at ``locality``
+    (tern.kernels.prefetch.PREFETCH_LEVELS)."""
     if decode == "vbmi" and isa == "avx2":
         raise ValueError("the vbmi decode needs AVX-512")
 
     return rows_dot_intrinsic(nrows, lambda context, builder, sig, args:
-                              _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch))
+                              _emit_b3_dot(context, builder, sig, args, isa, decode, nrows, prefetch, locality))
 
 
 _DECODE = DECODE if _ISA != "avx2" else "cmp"
@@ -393,4 +400,4 @@ def b3_matvec_checked(packed: np.ndarray, row_scale: np.ndarray, xq: np.ndarray,
 
 
 # numba cache hygiene: the cached kernels above embed tern.kernels.simd's helpers
-drop_stale_cache(__file__, ("simd.py", "kernels_ternary.py", "packing.py", "prefetch.py"), b3_permute)
+drop_stale_cache(__file__, ("simd.py", "kernels_ternary.py", "packing.py", "prefetch.py", PREFETCH_STAMP), b3_permute)

@@ -22,7 +22,7 @@ import numpy as np
 from numba import prange
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.prefetch import prefetch_line, prefetch_line_l2, skip_prefetch_setting
+from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_line, prefetch_line_l2, skip_prefetch_setting
 from tern.kernels.simd import (
     ROW_DOT_ISA,
     ROWS_PER_DOT,
@@ -53,10 +53,11 @@ SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kern
 # Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). Zen 5, benchmarks/ternary_matvec.py
 # --prefetch, GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 / 32.3 -> 40.3, in cache 75 -> 81 /
 # 142 -> 151; one-row pass from DRAM 16.2 -> 18.8 / 31.0 -> 36.3. The 4-row passes take ROW_PREFETCH (TERN_ROW_PREFETCH
-# =0 / 1 overrides it at import, compiled in: own NUMBA_CACHE_DIR each). The engine's one-row pass takes it as an
-# argument: on Zen 4 it ran faster from DRAM without, so the probe times both (tern.core.engine_tuning).
+# =0 / 1 overrides it at import). The engine's one-row pass takes it as an argument: on Zen 4 it ran faster from DRAM
+# without, so the probe times both (tern.core.engine_tuning). COMPILED_SETTINGS: import-time settings in the cache stamps.
 ROW_PREFETCH_DEFAULT = True
 ROW_PREFETCH = os.environ.get("TERN_ROW_PREFETCH", "1" if ROW_PREFETCH_DEFAULT else "0").strip() not in ("0", "")
+COMPILED_SETTINGS = f"pf={ROW_PREFETCH},{SKIP_PREFETCH_GROUPS},{SKIP_PREFETCH_LEVEL};{PREFETCH_STAMP}"
 
 
 @numba.njit(cache=True)
@@ -446,5 +447,4 @@ def reference_matvec(wt: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_sc
     return row_scale * np.float32(x_scale) * acc.astype(np.float32)
 
 
-# numba cache hygiene: the kernels embed tern.kernels.simd's intrinsics and ROW_PREFETCH (no file: text stamped)
-drop_stale_cache(__file__, ("simd.py", "prefetch.py", f"pf={ROW_PREFETCH},{SKIP_PREFETCH_GROUPS},{SKIP_PREFETCH_LEVEL}"), act_sum)
+drop_stale_cache(__file__, ("simd.py", "prefetch.py", COMPILED_SETTINGS), act_sum)  # cache hygiene: simd's intrinsics inside

@@ -37,6 +37,7 @@ from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*
     u8,
 )
 from tern.kernels.kernels_ternary import (
+    COMPILED_SETTINGS,
     ternary_matvec,
     ternary_matvec_par,
     ternary_matvec_skip,
@@ -633,7 +634,6 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
     pos[0] += 1
 
 
-# ---- numba cache hygiene (tern.kernels.cache_guard) ------------------------------------------
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py")
-drop_stale_cache(__file__, _DEPS, token_step)
+         "routing.py", COMPILED_SETTINGS)
+drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

@@ -115,19 +115,20 @@ SKIP_SEGMENTS = DEFAULT_VARIANT == "simd"
 S_MIX, S_FFN, S_HID = 0, 1, 2
 
 
-def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool = True) -> EnginePolicy:
+def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool = True,
+               stream: bool = True) -> EnginePolicy:
     """The EnginePolicy an engine runs with (recorded with its measurements, so that the
     predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
     region's parameters (``Engine.region_params``, None: no region) the one-region step;
-    ``stream_prefetch``: the engine's (Engine.stream_prefetch)."""
+    ``stream_prefetch`` / ``stream``: the engine's (Engine.stream_prefetch / stream_dram)."""
     if region_params is None:
         return EnginePolicy(par_min_weights=int(par_min_weights), router_int8=True,
-                            stream_prefetch=bool(stream_prefetch))
+                            stream_prefetch=bool(stream_prefetch), stream=bool(stream))
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
                         router_int8=True, region_router_split=True, region_scan_split=True,
-                        stream_prefetch=bool(stream_prefetch))
+                        stream_prefetch=bool(stream_prefetch), stream=bool(stream))
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)

@@ -82,7 +82,9 @@ class EnginePolicy:
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
     routers to an fp32 table at load and read 4 (so their rows are priced that way).
     ``stream_prefetch``: the streaming (one-row) kernel's software prefetch, chosen per host by
-    the probe (tern.core.engine_tuning); engines before it always prefetched."""
+    the probe (tern.core.engine_tuning); engines before it always prefetched. ``stream``: do
+    DRAM-resident pools' long rows run that streaming kernel at all (else the 4-row pass), chosen
+    per host by the probe as well; engines before it always streamed them."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
     region: bool = False
@@ -93,6 +95,7 @@ class EnginePolicy:
     region_router_split: bool = False
     region_scan_split: bool = False
     stream_prefetch: bool = True
+    stream: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -108,7 +111,7 @@ class EnginePolicy:
     def to_dict(self) -> dict[str, int | bool]:
         """Every field; the per-matrix step's record is ``par_min_weights`` (as written
         before the region fields existed, so older readers still load it) and
-        ``router_int8`` / ``stream_prefetch`` when not their legacy values."""
+        ``router_int8`` / ``stream_prefetch`` / ``stream`` when not their legacy values."""
         if self.region:
             return asdict(self)
         d: dict[str, int | bool] = {"par_min_weights": self.par_min_weights}
@@ -116,6 +119,8 @@ class EnginePolicy:
             d["router_int8"] = True
         if not self.stream_prefetch:
             d["stream_prefetch"] = False
+        if not self.stream:
+            d["stream"] = False
         return d
 
     @classmethod
@@ -173,13 +178,14 @@ def act_skip_applies(activation: str) -> bool:
     return activation in SKIP_ACTIVATIONS
 
 
-def stream_row_bytes(cfg: ModelConfig, llc_bytes: int | None) -> tuple[int, int]:
+def stream_row_bytes(cfg: ModelConfig, llc_bytes: int | None, stream: bool = True) -> tuple[int, int]:
     """(resident, routed): the smallest packed ternary row, in bytes, that each pool reads
     with the streaming kernel, 0 for none. A pool streams once its working set cannot stay
     in the last-level cache of ``llc_bytes`` (None / 0: unknown, no streaming): the
     resident pool when its bytes exceed it, the routed experts when resident bytes plus
-    all experts do. The engine (tern.run.engine) and the roofline both use this."""
-    if not llc_bytes:
+    all experts do; none with ``stream`` False (EnginePolicy.stream: this host's 4-row pass
+    read DRAM faster). The engine (tern.run.engine) and the roofline both use this."""
+    if not llc_bytes or not stream:
         return 0, 0
     pc = param_counts(cfg)
     res = STREAM_MIN_ROW_BYTES if pc.resident.bytes > llc_bytes else 0

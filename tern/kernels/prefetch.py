@@ -1,11 +1,11 @@
 """Software prefetch for the numba kernels, emitted as LLVM IR (``llvm.prefetch``: read,
-keep in all cache levels). A hint only: it never faults, so an address past the end of a
+into L1 and L2 or into L2 only). A hint only: it never faults, so an address past the end of a
 row or of an array is harmless, and it changes no result.
 
 * :func:`emit_prefetch` and :func:`prefetch_ahead`, for the row-dot intrinsics (ternary2
   rows: tern.kernels.simd; base-3 rows: tern.kernels.kernels_b3): each full block of a
   pass over ``nrows`` rows prefetches the same bytes of the next pass's rows, at least
-  PREFETCH_MIN_BYTES on;
+  PREFETCH_MIN_BYTES on, into the cache level ROW_PREFETCH_LEVEL;
 * :func:`prefetch_line`, the same hint as a numba intrinsic (the scattered rows of the
   activation-skip kernel, tern.kernels.kernels_ternary);
 * :func:`prefetch_row` (with :func:`rows_ahead`), every line of a row some rows on: the
@@ -15,6 +15,8 @@ row or of an array is harmless, and it changes no result.
 """
 
 from __future__ import annotations
+
+import os
 
 from llvmlite import ir
 from numba import njit, types
@@ -32,6 +34,26 @@ from numba.extending import intrinsic
 # same-process A/B: x0.97-1.20 (best at 410 B rows from DRAM). 12 and 16 KB were slower than
 # 8 KB on scattered 128 KB expert matrices (past a small matrix's end the hint only wastes bandwidth).
 PREFETCH_MIN_BYTES = 8192
+
+PREFETCH_LEVELS = {"l1": 3, "l2": 2}  # cache level -> llvm.prefetch locality (x86 prefetcht0 / prefetcht1)
+
+
+def prefetch_level_setting(text: str, var: str = "TERN_ROW_PREFETCH_LEVEL") -> str:
+    """``"l1"`` or ``"l2"`` (case and spaces ignored), else a ValueError naming ``var``."""
+    level = text.strip().lower()
+    if level not in PREFETCH_LEVELS:
+        raise ValueError(f"{var} must be 'l1' or 'l2', got {text!r}")
+    return level
+
+
+# Where the row passes' prefetch (emit_prefetch via tern.kernels.simd and tern.kernels.kernels_b3)
+# puts the next pass's rows: L2 (prefetcht1). AMD EPYC Zen 4, 1 thread, 256 MiB of 4096 x 14336
+# matrices from DRAM (3.5 KB rows): the 4-row pass read 27.3-27.6 GB/s into L2 against 13.1 into L1
+# (11.8-12.5 without); the one-row pass 21.8 against 15.7 (benchmarks/README, "The row passes into L2").
+# TERN_ROW_PREFETCH_LEVEL=l1|l2 overrides it at import (compiled in: PREFETCH_STAMP keys the caches).
+ROW_PREFETCH_LEVEL = prefetch_level_setting(os.environ.get("TERN_ROW_PREFETCH_LEVEL", "l2"))
+ROW_LOCALITY = PREFETCH_LEVELS[ROW_PREFETCH_LEVEL]
+PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL}"  # in the cache stamps of modules that compile it in
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)

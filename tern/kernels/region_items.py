@@ -13,7 +13,7 @@ import numba
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, f32, router_logits, u8
-from tern.kernels.kernels_ternary import SEG_BYTES, _skip_segments, skip_groups
+from tern.kernels.kernels_ternary import COMPILED_SETTINGS, SEG_BYTES, _skip_segments, skip_groups
 from tern.kernels.ops import G_D, G_THREADS
 from tern.kernels.policy import REGION_ROW_ALIGN, REGION_SCAN_ALIGN, REGION_SCAN_MIN_WEIGHTS
 from tern.kernels.region import claim, finish, wait_done
@@ -166,5 +166,5 @@ def scan_phase(ctr, p, n, dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py")  # policy: its REGION_* constants are compiled in
+               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", COMPILED_SETTINGS)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

@@ -37,7 +37,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tern.kernels.prefetch import PREFETCH_MIN_BYTES, emit_prefetch, prefetch_ahead
+from tern.kernels.prefetch import PREFETCH_MIN_BYTES, ROW_LOCALITY, emit_prefetch, prefetch_ahead
 
 
 @functools.cache
@@ -156,10 +156,11 @@ def _dot_step(builder, isa, acc, codes, q):
     return builder.add(acc, builder.call(wd, [p16, _splat(_V16I16, 1)]))
 
 
-def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=None):
+def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=None, locality=ROW_LOCALITY):
     """Dot products of rows r .. r+nrows-1 against xq: one pass over xq, each activation
     vector loaded once and used for every row (nrows * 4 vector accumulators); ``prefetch``
-    > 0: each full segment prefetches the next pass's rows, >= ``prefetch`` bytes on."""
+    > 0: each full segment prefetches the next pass's rows, >= ``prefetch`` bytes on, at
+    ``locality`` (tern.kernels.prefetch.PREFETCH_LEVELS)."""
     pk_ty, _, qp_ty, _, _ = sig.args
     packed_arg, r, qp_arg, nfull, gtail = args  # qp: the unpadded int8 activations
     pk = context.make_array(pk_ty)(context, builder, packed_arg)
@@ -197,7 +198,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
             else:
                 if ahead is not None and h == 0:  # one prefetch per 64-byte segment and row
                     for rb in row_bases:
-                        emit_prefetch(builder, rb, builder.add(off, ahead))
+                        emit_prefetch(builder, rb, builder.add(off, ahead), locality)
                 pvs = [_load_vec(builder, rb, off, vbytes) for rb in row_bases]
             for k in range(4):
                 qoff = builder.add(seg_q, builder.add(builder.mul(g, ir.Constant(_I64, k)),
@@ -282,9 +283,9 @@ def rows_dot_intrinsic(nrows, emit):
     return rows_dot
 
 
-def _make_row_dot(isa, nrows=1, prefetch=0, scaled=None):
+def _make_row_dot(isa, nrows=1, prefetch=0, scaled=None, locality=ROW_LOCALITY):
     return rows_dot_intrinsic(nrows, lambda context, builder, sig, args:
-                              _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch, scaled))
+                              _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch, scaled, locality))
 
 
 ROWS_PER_DOT = 2 if ROW_DOT_ISA == "avx2" else 4  # rows sharing one pass over xq (register budget)

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tern.kernels.ops_region import run_policy
 
-    policy = run_policy(eng.par_min_weights, eng.region_params if eng.region else None, eng.stream_prefetch)
+    policy = run_policy(eng.par_min_weights, eng.region_params if eng.region else None, eng.stream_prefetch,
+                        eng.stream_dram)
     out = {**res, "load_s": load_s, "rss_after_load_bytes": rss_loaded,
            "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe(), "engine_policy": policy.to_dict()}
     print(json.dumps(out))

@@ -202,7 +202,7 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     it splits over threads."""
     ctx = cfg.attn_window if context is None else context
     D, Di, N, R = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank_eff
-    srb, srb_routed = stream_row_bytes(cfg, llc_bytes)
+    srb, srb_routed = stream_row_bytes(cfg, llc_bytes, policy.stream)
     res: Work = {}
     st: Work = {}
     skip_res = skip_st = 0.0

@@ -25,8 +25,9 @@ JSON_FIELDS = """\
   op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
              samples, max_rel_err}]: engine operation costs the roofline prices work with
   wall_s: probe wall time in seconds
-  stream_prefetch: {choice: {threads: prefetch or not}, off_over_on: {threads: ratio}, tuning_path:
-                   where the engine reads the choice (null with --no-tuning)}; absent with --no-op-costs"""
+  stream_prefetch: {choice: {threads: prefetch or not}, off_over_on: {threads: ratio}, stream: {threads:
+                   stream DRAM long rows, or the 4-row pass}, rows_over_stream: {threads: ratio}, tuning_path:
+                   where the engine reads the choices (null with --no-tuning)}; absent with --no-op-costs"""
 
 
 def _thread_list(text: str) -> tuple[int, ...]:
@@ -73,6 +74,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     ab = profile.host.get("stream_prefetch")
     if ab is not None:
         summary["stream_prefetch"] = {"choice": ab["stream_prefetch"], "off_over_on": ab["off_over_on"],
+                                      "stream": ab["stream"], "rows_over_stream": ab["rows_over_stream"],
                                       "tuning_path": ab["tuning_path"]}
     return summary
 
@@ -96,7 +98,10 @@ def cli_render(result: dict[str, Any]) -> str:
     if sp is not None:
         ratios = ", ".join(f"{t} thread(s) x{r:.3f} -> {'on' if sp['choice'][t] else 'off'}"
                            for t, r in sp["off_over_on"].items())
-        parts.append(f"streaming kernel from DRAM, speed without / with software prefetch: {ratios}"
+        forms = ", ".join(f"{t} thread(s) x{r:.3f} -> {'stream' if sp['stream'][t] else '4-row pass'}"
+                          for t, r in sp["rows_over_stream"].items())
+        parts.append(f"streaming kernel from DRAM, speed without / with software prefetch: {ratios}\n"
+                     f"DRAM long rows, 4-row pass / the stream: {forms}"
                      + (f" (engine tuning saved to {sp['tuning_path']})" if sp["tuning_path"]
                         else " (not saved: --no-tuning)"))
     parts += [f"saved {result['profile_path']}"]

@@ -157,7 +157,7 @@ def _drivers() -> dict[str, Callable]:
                 else:
                     kd.matvec_fp32_nb(W[m], x, out)
 
-    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS, ternary)
+    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,), ternary)
     return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "fp32": fp32}
 
 

@@ -43,9 +43,11 @@ CONTEXT_MODELS = (
 
 def measure_engine_runs(threads: tuple[int, ...] = (1,), tokens: int = 128, repeats: int = 5,
                         warmup: int = 32, progress: bool = True, seed: int = 0,
-                        stream_prefetch: bool | dict[str, bool] = True) -> list[EngineRun]:
+                        stream_prefetch: bool | dict[str, bool] = True,
+                        stream: bool | dict[str, bool] = True) -> list[EngineRun]:
     """Each context model at each thread count: medians of ``repeats`` runs of ``tokens``
-    (engines with the streaming-kernel prefetch the probe chose, whatever a tuning file says)."""
+    (engines with the DRAM rows' form and the streaming-kernel prefetch the probe chose,
+    whatever a tuning file says)."""
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
@@ -56,7 +58,8 @@ def measure_engine_runs(threads: tuple[int, ...] = (1,), tokens: int = 128, repe
                  for cfg in CONTEXT_MODELS}
         for cfg, t in tqdm(jobs, desc="engine runs", unit="run", disable=not progress, leave=False,
                            file=sys.stderr):
-            eng = Engine(paths[cfg.name], threads=t, stream_prefetch=for_threads(stream_prefetch, t))
+            eng = Engine(paths[cfg.name], threads=t, stream_prefetch=for_threads(stream_prefetch, t),
+                         stream="dram" if for_threads(stream, t) else "off")
             toks = rng.integers(0, cfg.vocab_size, size=tokens)
             time_steps(eng, toks[:warmup])
             time_in_numba(eng, toks[:warmup])

@@ -168,7 +168,7 @@ def _drivers():
             _region(ctr, n_phases, threads)
 
     # the cached drivers embed the engine's kernels: drop them when those files changed
-    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS, ternary)
+    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,), ternary)
     return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector, "region": region}
 

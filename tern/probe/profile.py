@@ -143,16 +143,18 @@ def cpu_facts() -> dict[str, Any]:
     }
 
 
-def engine_policy(stream_prefetch: bool = True) -> EnginePolicy:
+def engine_policy(stream_prefetch: bool = True, stream: bool = True) -> EnginePolicy:
     """The engine the probe's engine runs time (tern.kernels.ops_region.ENGINE_POLICY:
-    imported here, not at module load, since it compiles numba code), with the streaming
-    kernel's prefetch the probe chose (tern.probe.stream_prefetch) at its largest thread count."""
+    imported here, not at module load, since it compiles numba code), with the DRAM rows' form
+    and the streaming kernel's prefetch the probe chose (tern.probe.stream_prefetch) at its
+    largest thread count."""
     from tern.kernels.ops_region import ENGINE_POLICY
 
-    return replace(ENGINE_POLICY, stream_prefetch=bool(stream_prefetch))
+    return replace(ENGINE_POLICY, stream_prefetch=bool(stream_prefetch), stream=bool(stream))
 
 
-def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: bool = True) -> dict[str, Any]:
+def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: bool = True,
+               stream: bool = True) -> dict[str, Any]:
     import numba
     import psutil
 
@@ -167,7 +169,7 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: 
         "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
         # thread wake-up cost depends on these (e.g. libgomp's default spin-then-sleep)
         "threading_env": {k: os.environ.get(k) for k in THREADING_ENV},
-        "engine_policy": engine_policy(stream_prefetch).to_dict(),  # the engine the profile's engine runs measured
+        "engine_policy": engine_policy(stream_prefetch, stream).to_dict(),  # the engine the profile's engine runs measured
     })
     return facts
 
@@ -178,8 +180,8 @@ def host_facts(thread_counts: tuple[int, ...], topo: Topology, stream_prefetch: 
 def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None = None,
               progress: bool = True, tuning: bool = True) -> HostProfile:
     """Measure this host and return its HostProfile (saved atomically to ``out`` if given).
-    ``tuning``: save the streaming kernel's prefetch choice for this CPU where the engine
-    reads it (tern.core.engine_tuning; its path goes into ``host["stream_prefetch"]``)."""
+    ``tuning``: save the DRAM rows' choices (stream or 4-row pass, the stream's prefetch) for
+    this CPU where the engine reads them (tern.core.engine_tuning; its path goes into ``host["stream_prefetch"]``)."""
     import numba
 
     from tern.probe import kernel_table as kernel_bench
@@ -217,10 +219,11 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
         from tern.probe.engine_runs import measure_engine_runs
 
         engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress,
-                                          stream_prefetch=stream_pf["stream_prefetch"])
+                                          stream_prefetch=stream_pf["stream_prefetch"], stream=stream_pf["stream"])
+    most = max(sc.thread_counts)  # the profile's engine_policy: the choices at the largest thread count
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1),
-                      stream_prefetch=for_threads(None if stream_pf is None else stream_pf["stream_prefetch"],
-                                                  max(sc.thread_counts)))
+                      stream_prefetch=for_threads(None if stream_pf is None else stream_pf["stream_prefetch"], most),
+                      stream=for_threads(None if stream_pf is None else stream_pf["stream"], most))
     try:
         layer = numba.threading_layer()
     except ValueError:  # no parallel kernel has run
@@ -241,6 +244,7 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
         host["stream_prefetch"] = stream_pf  # the A/B and its choice per thread count (engine_policy: the largest)
         stream_pf["tuning_path"] = str(save_tuning({
             "stream_prefetch": stream_pf["stream_prefetch"], "off_over_on": stream_pf["off_over_on"],
+            "stream": stream_pf["stream"], "rows_over_stream": stream_pf["rows_over_stream"],
             "profile": None if out is None else str(out), "timestamp": host.get("timestamp")})) if tuning else None
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),

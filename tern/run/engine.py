@@ -23,10 +23,11 @@ computes the same model (docs/MODEL.md):
   ``par_min_weights`` weights, its rows split over the threads (smaller ones stay serial:
   starting a region costs more than they do), and expert-parallel MoE layers. Every
   reduction keeps its order: logits are identical to ``threads=1`` either way.
-- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES packed bytes)
-  in a pool that cannot stay in the last-level cache are read one row per pass, a single sequential
-  stream (tern.kernels.policy.stream_row_bytes); "auto" (default) applies that rule with this
-  machine's LLC size, "on" streams every long-row matrix, "off" none. Same sums either way.
+- ``stream``: ternary matrices with long rows (STREAM_MIN_ROW_BYTES .. STREAM_MAX_ROW_BYTES packed bytes) in a
+  pool that cannot stay in the last-level cache are read one row per pass, a single sequential stream
+  (tern.kernels.policy.stream_row_bytes); "auto" (default) applies that rule with this machine's LLC size where
+  ``tern probe`` found it faster than the 4-row pass at this thread count (tern.core.engine_tuning; else it
+  streams), "dram" the rule whatever the probe found, "on" streams every long-row matrix, "off" none. Same sums.
 - ``stream_prefetch``: software prefetch in that streaming kernel (True / False); "auto" (default):
   this CPU's choice at this thread count as ``tern probe`` measured it (tern.core.engine_tuning; else on).
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
@@ -63,7 +64,7 @@ import numba
 import numpy as np
 
 from tern.core.config import tensor_specs
-from tern.core.engine_tuning import stream_prefetch_choice
+from tern.core.engine_tuning import stream_choice, stream_prefetch_choice
 from tern.core.host_caches import host_llc_bytes
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
@@ -86,7 +87,7 @@ from tern.run.region_watch import RegionRunner
 from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy
 
 KERNELS = ("ternary", "fp32")
-STREAM_MODES = ("auto", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
+STREAM_MODES = ("auto", "dram", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
 WEIGHTS_MODES = ("auto", "copy", "map")  # huge-page copy of the file, or the memory map
 DENSE16_MODES = ("direct", "expand")  # fp16 / bf16 tables read as stored, or converted to fp32 at load
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
@@ -151,10 +152,9 @@ class Engine:
         if weights == "auto":
             weights = "copy" if copy_weights(self.model.file_bytes, available_memory_bytes()) else "map"
         self.weights = weights
-        if stream == "auto":
-            self.stream_row_bytes = stream_row_bytes(self.cfg, host_llc_bytes())
-        else:
-            self.stream_row_bytes = (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0)
+        self.stream_dram = stream in ("on", "dram") or (stream == "auto" and stream_choice(self.threads))  # EnginePolicy.stream
+        self.stream_row_bytes = (stream_row_bytes(self.cfg, host_llc_bytes(), self.stream_dram) if stream in ("auto", "dram")
+                                 else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
         self._alloc_state()
         # position of the first token past max_seq_len, where a longer context than in training
@@ -446,5 +446,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
+                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
                 "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -54,6 +54,10 @@ def test_this_cpus_choice_is_what_the_engine_reads(tmp_path):
     et.save_tuning({"stream_prefetch": False}, p, key="some other cpu")
     et.save_tuning({"stream_prefetch": {"1": False, "2": True}}, p)
     assert [et.stream_prefetch_choice(t, p) for t in (1, 2, 3, 16)] == [False, True, True, True]
+    assert et.stream_choice(1, p) is et.DEFAULT_STREAM is True  # no stream choice saved: the default
+    et.save_tuning({"stream_prefetch": True, "stream": {"1": False, "2": True}}, p)
+    assert [et.stream_choice(t, p) for t in (1, 2, 4)] == [False, True, True]
+    assert et.stream_prefetch_choice(1, p) is True
 
 
 def test_for_threads_takes_the_largest_measured_count_at_or_below():
@@ -89,8 +93,9 @@ def test_an_invalid_file_is_ignored_with_a_warning(tmp_path, damage):
     assert et.stream_prefetch_choice(1, p) is False
 
 
+@pytest.mark.parametrize("name", et.CHOICES)
 @pytest.mark.parametrize("bad", [1, "no", {}, {"0": True}, {"one": True}, {"1": 1}])
-def test_save_rejects_a_bad_choice(tmp_path, bad):
-    with pytest.raises(ValueError, match="stream_prefetch must be true / false or"):
-        et.save_tuning({"stream_prefetch": bad}, tmp_path / "t.json")
+def test_save_rejects_a_bad_choice(tmp_path, bad, name):
+    with pytest.raises(ValueError, match=f"{name} must be true / false or"):
+        et.save_tuning({name: bad}, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()

@@ -164,6 +164,30 @@ def test_row_pass_prefetch_distance_is_compiled_in():
     ir = fresh.inspect_llvm(fresh.signatures[0])
     assert "llvm.prefetch" in ir
     assert re.search(rf"\bi64 {PREFETCH_MIN_BYTES}\b", ir), "prefetch distance constant not in the IR"
+    # into the cache level ROW_PREFETCH_LEVEL (L2: locality 2, x86 prefetcht1), read, data cache
+    from tern.kernels.prefetch import PREFETCH_LEVELS, ROW_LOCALITY, ROW_PREFETCH_LEVEL
+
+    assert ROW_LOCALITY == PREFETCH_LEVELS[ROW_PREFETCH_LEVEL]
+    localities = set(re.findall(r"llvm\.prefetch\.p0[^(]*\([^)]*?i32 0, i32 (\d), i32 1\)", ir))
+    assert localities == {str(ROW_LOCALITY)}, localities
+
+
+def test_row_prefetch_level_env_is_validated_and_compiled_in(tmp_path):
+    """TERN_ROW_PREFETCH_LEVEL=l1|l2 sets the row passes' prefetch level at import (own numba
+    cache: compiled in, and part of the cache stamp); anything else is a clear error."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import tern.kernels.kernels_ternary as K, tern.kernels.prefetch as P; "
+            "print(P.ROW_PREFETCH_LEVEL, P.ROW_LOCALITY, 'row_prefetch_level=' + P.ROW_PREFETCH_LEVEL in K.COMPILED_SETTINGS)")
+    for val, want in (("l1", "l1 3 True"), (" L2 ", "l2 2 True")):
+        env = {**os.environ, "TERN_ROW_PREFETCH_LEVEL": val, "NUMBA_CACHE_DIR": str(tmp_path / val.strip())}
+        got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert got.stdout.strip().splitlines()[-1] == want
+    env = {**os.environ, "TERN_ROW_PREFETCH_LEVEL": "l3", "NUMBA_CACHE_DIR": str(tmp_path / "bad")}
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "TERN_ROW_PREFETCH_LEVEL must be 'l1' or 'l2'" in bad.stderr
 
 
 def test_extreme_sums_exact():

@@ -73,3 +73,20 @@ def test_stream_prefetch_is_recorded_and_old_records_prefetched():
     assert "stream_prefetch" not in PER_MATRIX_POLICY.to_dict()  # its legacy value is not written
     with pytest.raises(ValueError, match="stream_prefetch must be True or False"):
         EnginePolicy(stream_prefetch=1)
+
+
+def test_stream_choice_is_recorded_and_old_records_streamed():
+    """EnginePolicy.stream: engines before the probe's stream / 4-row choice always streamed
+    DRAM pools' long rows; a False is written and read back by both forms."""
+    from dataclasses import replace
+
+    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
+
+    assert LEGACY_POLICY.stream and CURRENT_POLICY.stream
+    assert EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20, "stream_prefetch": False}}).stream
+    for pol in (CURRENT_POLICY, PER_MATRIX_POLICY):
+        off = replace(pol, stream=False)
+        assert off.to_dict()["stream"] is False and EnginePolicy.of_record({"engine_policy": off.to_dict()}) == off
+    assert "stream" not in PER_MATRIX_POLICY.to_dict()
+    with pytest.raises(ValueError, match="stream must be True or False"):
+        EnginePolicy(stream="off")

@@ -6,7 +6,7 @@ import pytest
 
 from tern.core.config import load_config, param_counts
 from tern.core.host_profile import OpCost
-from tern.kernels.policy import LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
+from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
 from tern.measure.sweep import solve_efficiency
 from tern.predict.inventory import HIDDEN_DENSITY, PAR_SUFFIX, WorkKey, work_inventory, work_seconds
 from tern.predict.pools import two_pool
@@ -163,6 +163,21 @@ def test_stream_rule_follows_pools_and_llc():
     # resident fits, resident + all experts do not: only the routed pool streams
     mid = pc.resident.bytes + pc.expert_bytes_total // 2
     assert stream_row_bytes(small, mid) == (0, STREAM_MIN_ROW_BYTES)
+    assert stream_row_bytes(small, 1 << 10, stream=False) == (0, 0)  # this host's 4-row pass won: none
+
+
+def test_inventory_prices_the_4_row_pass_where_the_engine_does_not_stream():
+    """EnginePolicy.stream False (the probe found the 4-row pass faster from DRAM): the long
+    rows of DRAM pools are priced as the 4-row pass, the same weights."""
+    from dataclasses import replace
+
+    cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)
+    res, st, _, _ = work_inventory(cfg, None, 1 << 10, CURRENT_POLICY)
+    res_off, st_off, _, _ = work_inventory(cfg, None, 1 << 10, replace(CURRENT_POLICY, stream=False))
+    assert any(k.op == "ternary_stream" for k in set(res) | set(st))
+    assert not any(k.op == "ternary_stream" for k in set(res_off) | set(st_off))
+    units = lambda *ws: sum(v.units for w in ws for k, v in w.items() if k.op.startswith("ternary"))  # noqa: E731
+    assert units(res, st) == units(res_off, st_off)
 
 
 def test_inventory_streams_only_long_rows_of_streamed_pools():

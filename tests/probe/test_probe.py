@@ -591,6 +591,8 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     assert sp["tuning_path"] == str(tuning_path()) and set(sp["off_over_on"]) == {"1"}
     assert load_tuning()["stream_prefetch"] == sp["choice"] == HostProfile.load(out).host["stream_prefetch"]["stream_prefetch"]
     assert HostProfile.load(out).host["engine_policy"].get("stream_prefetch", True) is sp["choice"]["1"]
+    assert load_tuning()["stream"] == sp["stream"] and set(sp["rows_over_stream"]) == {"1"}
+    assert HostProfile.load(out).host["engine_policy"].get("stream", True) is sp["stream"]["1"]
     tuning_path().unlink()
     assert main(["probe", "--json", "--no-tuning", "--out", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["stream_prefetch"]["tuning_path"] is None

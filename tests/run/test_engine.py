@@ -11,6 +11,7 @@ from conftest import SMALL
 from tern.core.config import SANDBOX, ModelConfig, tensor_specs
 from tern.kernels import ops
 from tern.packed.writer import random_model
+from tern.run import engine as engine_mod
 from tern.run.engine import Engine
 from tern.train.export import export
 
@@ -446,3 +447,31 @@ def test_stream_prefetch_auto_follows_this_cpus_tuning(tmp_path, monkeypatch):
     assert Engine(path).stream_prefetch is False
     if numba.config.NUMBA_NUM_THREADS >= 2:
         assert Engine(path, threads=2).stream_prefetch is True
+
+
+def test_stream_auto_follows_this_cpus_stream_or_4_row_choice(tmp_path, monkeypatch):
+    """stream="auto" streams DRAM pools' long rows only where `tern probe` found the stream
+    faster than the 4-row pass at this thread count; "dram" applies the LLC rule whatever it
+    found; the choice is recorded (describe, EnginePolicy.stream) and the logits are the same."""
+    from tern.core.engine_tuning import save_tuning
+    from tern.kernels.ops_region import run_policy
+
+    cfg = SMALL.replace(d_model=1536, n_heads=4)
+    path = random_model(cfg, tmp_path / "wide.tern", progress=False)
+    monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(engine_mod, "host_llc_bytes", lambda: 1 << 10)  # every pool "in DRAM"
+    tokens = np.arange(8) * 5 % cfg.vocab_size
+    eng = Engine(path)
+    assert eng.stream_dram is True and eng.stream_row_bytes[0] > 0  # no file: streams, as engines always did
+    ref = _engine_logits(eng, tokens)
+    save_tuning({"stream": {"1": False, "2": True}})
+    eng = Engine(path)
+    assert eng.stream_dram is False and eng.stream_row_bytes == (0, 0) and eng.describe()["stream_dram"] is False
+    assert np.array_equal(_engine_logits(eng, tokens), ref)
+    pol = run_policy(eng.par_min_weights, None, eng.stream_prefetch, eng.stream_dram)
+    assert pol.stream is False and pol.to_dict()["stream"] is False
+    forced = Engine(path, stream="dram")
+    assert forced.stream_dram is True and forced.stream_row_bytes[0] > 0
+    assert Engine(path, stream="off").stream_dram is False
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        assert Engine(path, threads=2).stream_dram is True
