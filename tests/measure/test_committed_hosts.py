@@ -88,6 +88,12 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # first, 0.82 / 0.84 in the repeat; 30m-e455 0.71 / 0.72 in both), so the one-region step's 2-thread work is
     # priced too fast on this host; the repeat agreed with the first at 83 % within +-20 % (80 % within +-10 %)
     "amd-epyc-zen4-s23b": (0.78, 0.095, "AMD Zen 4, session 23 skip change: 2-thread points 0.87x, 1 thread 24/25"),
+    # session 24 on the same VM, after the row passes' prefetch into L2 and the probe's stream / 4-row choice (the
+    # 4-row pass at 1 thread, the stream at 2): 41 / 50 within, median 5.4 % — 1 thread 25 / 25 (median 3.4 %: the
+    # targets met), 2 threads 16 / 25 (9.7 %, a median 0.91x): the 4m family at 2 threads ran at 0.61-0.74x, as in
+    # s23b (the one-region step's 2-thread work priced too fast on this host); the repeat sweep agreed with the
+    # first at 78 % within +-20 % (70 % within +-10 %)
+    "amd-epyc-zen4-s24": (0.82, 0.054, "AMD Zen 4, session 24: 2-thread points 0.91x (4m 0.61-0.74x), 1 thread 25/25"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -137,6 +143,8 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # after the skip change (above): 206m at 1 thread measured 2,409 tok/s against 1,784 predicted (105m 1,985
     # against 1,897; in the repeat sweep 206m ran 1,921)
     ("amd-epyc-zen4-s23b", "206m", 1): 0.351,
+    # session 24 (above): 105m at 1 thread measured 1,774 tok/s against 2,100 predicted (206m 2,197 against 2,026)
+    ("amd-epyc-zen4-s24", "105m", 1): 0.155,
 }
 
 
@@ -198,7 +206,7 @@ def test_noisy_host_misses_are_its_own_spread():
     host agreed with itself at fewer points than the target asks of predictions."""
     noisy = [h for h in HOSTS if h.repeat_rows]
     assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23",
-                                        "amd-epyc-zen4-s23b"]
+                                        "amd-epyc-zen4-s23b", "amd-epyc-zen4-s24"]
     for h in noisy:
         r = repeatability(h.rows, h.repeat_rows)
         assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
