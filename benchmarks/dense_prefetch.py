@@ -1,8 +1,8 @@
 """How the row-at-a-time kernels of the stored fp16 / int8 tables (heads, routers:
 tern.kernels.kernels_stored) prefetch, measured: the shipped kernels (the whole row
 ``rows_ahead`` rows on, in one burst before each row's sum: tern.kernels.prefetch.prefetch_row)
-against the same loop with the row's lines in two halves (before and after the sum) and
-with no software prefetch.
+against the same loop with the row's lines in two halves (before and after the sum), with
+the whole row prefetched into L2 only (``prefetcht1``) and with no software prefetch.
 
 All forms run in one process on one matrix (``--bytes``, on transparent huge pages as the
 engine's weight copy), in interleaved runs, so a drifting VM hits them alike. One JSONL row
@@ -20,6 +20,14 @@ cells scatter both ways (int8 2,048 at 1 thread 13.3-13.9 -> 9.0-10.0; fp16 1,02
 32.8 / 33.2 / 33.7 tok/s, 2 threads 60.0 / 59.5 / 60.2 -> 59.8 / 58.9 / 61.3): the
 131 MB figures hold for a matrix read again and again, partly from this VM's L3, not for
 a head read from DRAM once per token. The whole row stays.
+
+AMD EPYC Zen 4 VM (session 24, 131 MB, 9 interleaved runs, median GB/s at 1 thread, shipped /
+halves / whole row into L2 / none): fp16 1,024 columns 22.1 / 14.2 / 31.1 / 30.5, 2,048 (the 1.1B
+peer's head) 23.4 / 17.0 / 16.3 / 24.3, 4,096 15.8 / 14.5 / 14.8 / 25.4; int8 1,024 15.8 / 17.1 /
+21.5 / 14.7, 2,048 17.1 / 11.9 / 22.2 / 16.3, 4,096 13.0 / 12.3 / 14.0 / 14.6. Into L2 wins at
+some row lengths and loses at the 1.1B head's, so the shipped form stays (the 2-thread cells of
+the three comparison forms read as their 1-thread ones in that run; the shipped kernel's did not:
+fp16 4,096 15.8 -> 27.0; not explained).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from tern.kernels.kernels_stored import (
     matvec_w16,
     matvec_w16_par,
 )
-from tern.kernels.prefetch import CACHE_LINE_BYTES, prefetch_line, rows_ahead
+from tern.kernels.prefetch import CACHE_LINE_BYTES, prefetch_line, prefetch_line_l2, rows_ahead
 from tern.run.weights import huge_page_copy
 
 
@@ -55,24 +63,37 @@ def _half_row(W, r, stop, second):
             prefetch_line(W, r, off)
 
 
+@numba.njit(cache=True, inline="always")
+def _row_l2(W, r, stop):
+    """Every line of row ``r`` into L2 only (prefetcht1), as prefetch_row does into L1."""
+    if r < stop:
+        for off in range(0, W.shape[1] * W.itemsize, CACHE_LINE_BYTES):
+            prefetch_line_l2(W, r, off)
+
+
 def _w16_loop(W, x, out, on):
-    """The fp16 loop with the row's lines prefetched in two halves (``on``) or not at all."""
+    """The fp16 loop with the row's lines prefetched in two halves (``on`` 1), the whole row
+    into L2 (``on`` 2) or not at all (0)."""
     a, n = rows_ahead(W), W.shape[0]
     for r in numba.prange(n):
-        if on:
+        if on == 1:
             _half_row(W, r + a, n, False)
+        elif on == 2:
+            _row_l2(W, r + a, n)
         out[r] = _dot16(W, x, r, False)
-        if on:
+        if on == 1:
             _half_row(W, r + a, n, True)
 
 
 def _int8_loop(Wq, scale, x, out, on):
     a, n = rows_ahead(Wq), Wq.shape[0]
     for r in numba.prange(n):
-        if on:
+        if on == 1:
             _half_row(Wq, r + a, n, False)
+        elif on == 2:
+            _row_l2(Wq, r + a, n)
         out[r] = _int8w_row(Wq, x, r) * scale[r]
-        if on:
+        if on == 1:
             _half_row(Wq, r + a, n, True)
 
 
@@ -88,11 +109,11 @@ def forms(kind: str, W: np.ndarray, x: np.ndarray, out: np.ndarray, threads: int
     sc = np.ones(W.shape[0], np.float32)
     if kind == "fp16":
         shipped, other = (matvec_w16, _w16_split) if threads == 1 else (matvec_w16_par, _w16_split_par)
-        return {"whole row (shipped)": lambda: shipped(W, x, out, False), "halves": lambda: other(W, x, out, True),
-                "none": lambda: other(W, x, out, False)}
+        return {"whole row (shipped)": lambda: shipped(W, x, out, False), "halves": lambda: other(W, x, out, 1),
+                "whole row into L2": lambda: other(W, x, out, 2), "none": lambda: other(W, x, out, 0)}
     shipped, other = (matvec_int8w, _int8_split) if threads == 1 else (matvec_int8w_par, _int8_split_par)
-    return {"whole row (shipped)": lambda: shipped(W, sc, x, out), "halves": lambda: other(W, sc, x, out, True),
-            "none": lambda: other(W, sc, x, out, False)}
+    return {"whole row (shipped)": lambda: shipped(W, sc, x, out), "halves": lambda: other(W, sc, x, out, 1),
+            "whole row into L2": lambda: other(W, sc, x, out, 2), "none": lambda: other(W, sc, x, out, 0)}
 
 
 def run(args: argparse.Namespace) -> list[dict]:
