@@ -1,8 +1,9 @@
 """How the row-at-a-time kernels of the stored fp16 / int8 tables (heads, routers:
 tern.kernels.kernels_stored) prefetch, measured: the shipped kernels (the whole row
-``rows_ahead`` rows on, in one burst before each row's sum: tern.kernels.prefetch.prefetch_row)
-against the same loop with the row's lines in two halves (before and after the sum), with
-the whole row prefetched into L2 only (``prefetcht1``) and with no software prefetch.
+``rows_ahead`` rows on, in one burst before each row's sum: tern.kernels.prefetch.prefetch_row,
+into L2 for rows of at most DENSE_L2_MAX_ROW_BYTES, else into L1) against the same loop with
+the row's lines in two halves (before and after the sum), with the whole row into L2 only
+(``prefetcht1``) or into L1 whatever its length, and with no software prefetch.
 
 All forms run in one process on one matrix (``--bytes``, on transparent huge pages as the
 engine's weight copy), in interleaved runs, so a drifting VM hits them alike. One JSONL row
@@ -25,7 +26,8 @@ AMD EPYC Zen 4 VM (session 24, 131 MB, 9 interleaved runs, median GB/s at 1 thre
 halves / whole row into L2 / none): fp16 1,024 columns 22.1 / 14.2 / 31.1 / 30.5, 2,048 (the 1.1B
 peer's head) 23.4 / 17.0 / 16.3 / 24.3, 4,096 15.8 / 14.5 / 14.8 / 25.4; int8 1,024 15.8 / 17.1 /
 21.5 / 14.7, 2,048 17.1 / 11.9 / 22.2 / 16.3, 4,096 13.0 / 12.3 / 14.0 / 14.6. Into L2 wins at
-some row lengths and loses at the 1.1B head's, so the shipped form stays (the 2-thread cells of
+rows of up to 2 KB and loses at the 1.1B head's 4 KB, so the shipped kernels now choose by the row's
+bytes (tern.kernels.prefetch.DENSE_L2_MAX_ROW_BYTES; the whole row into L1 above 2 KB) (the 2-thread cells of
 the three comparison forms read as their 1-thread ones in that run; the shipped kernel's did not:
 fp16 4,096 15.8 -> 27.0; not explained).
 """
@@ -64,22 +66,26 @@ def _half_row(W, r, stop, second):
 
 
 @numba.njit(cache=True, inline="always")
-def _row_l2(W, r, stop):
-    """Every line of row ``r`` into L2 only (prefetcht1), as prefetch_row does into L1."""
+def _row_at(W, r, stop, l2):
+    """Every line of row ``r`` into L2 only (prefetcht1) or into L1 (prefetcht0), whatever its
+    length (prefetch_row chooses by the row's bytes)."""
     if r < stop:
         for off in range(0, W.shape[1] * W.itemsize, CACHE_LINE_BYTES):
-            prefetch_line_l2(W, r, off)
+            if l2:
+                prefetch_line_l2(W, r, off)
+            else:
+                prefetch_line(W, r, off)
 
 
 def _w16_loop(W, x, out, on):
     """The fp16 loop with the row's lines prefetched in two halves (``on`` 1), the whole row
-    into L2 (``on`` 2) or not at all (0)."""
+    into L2 (2) or into L1 (3), or not at all (0)."""
     a, n = rows_ahead(W), W.shape[0]
     for r in numba.prange(n):
         if on == 1:
             _half_row(W, r + a, n, False)
-        elif on == 2:
-            _row_l2(W, r + a, n)
+        elif on >= 2:
+            _row_at(W, r + a, n, on == 2)
         out[r] = _dot16(W, x, r, False)
         if on == 1:
             _half_row(W, r + a, n, True)
@@ -90,8 +96,8 @@ def _int8_loop(Wq, scale, x, out, on):
     for r in numba.prange(n):
         if on == 1:
             _half_row(Wq, r + a, n, False)
-        elif on == 2:
-            _row_l2(Wq, r + a, n)
+        elif on >= 2:
+            _row_at(Wq, r + a, n, on == 2)
         out[r] = _int8w_row(Wq, x, r) * scale[r]
         if on == 1:
             _half_row(Wq, r + a, n, True)
@@ -110,10 +116,12 @@ def forms(kind: str, W: np.ndarray, x: np.ndarray, out: np.ndarray, threads: int
     if kind == "fp16":
         shipped, other = (matvec_w16, _w16_split) if threads == 1 else (matvec_w16_par, _w16_split_par)
         return {"whole row (shipped)": lambda: shipped(W, x, out, False), "halves": lambda: other(W, x, out, 1),
-                "whole row into L2": lambda: other(W, x, out, 2), "none": lambda: other(W, x, out, 0)}
+                "whole row into L2": lambda: other(W, x, out, 2), "whole row into L1": lambda: other(W, x, out, 3),
+                "none": lambda: other(W, x, out, 0)}
     shipped, other = (matvec_int8w, _int8_split) if threads == 1 else (matvec_int8w_par, _int8_split_par)
     return {"whole row (shipped)": lambda: shipped(W, sc, x, out), "halves": lambda: other(W, sc, x, out, 1),
-            "whole row into L2": lambda: other(W, sc, x, out, 2), "none": lambda: other(W, sc, x, out, 0)}
+            "whole row into L2": lambda: other(W, sc, x, out, 2), "whole row into L1": lambda: other(W, sc, x, out, 3),
+            "none": lambda: other(W, sc, x, out, 0)}
 
 
 def run(args: argparse.Namespace) -> list[dict]:

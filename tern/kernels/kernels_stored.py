@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
-from tern.kernels.prefetch import prefetch_row, rows_ahead
+from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_row, rows_ahead
 from tern.kernels.simd import target_features
 
 # Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
@@ -320,4 +320,4 @@ def router_logits(buf, aux, kind, addr, s_addr, E, D, xn, out):
 
 
 # numba cache hygiene: the cached code above embeds tern.kernels.kernels_dense's kernels
-drop_stale_cache(__file__, ("kernels_dense.py", "prefetch.py"), dense_matvec)
+drop_stale_cache(__file__, ("kernels_dense.py", "prefetch.py", PREFETCH_STAMP), dense_matvec)

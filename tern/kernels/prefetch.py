@@ -8,10 +8,11 @@ row or of an array is harmless, and it changes no result.
   PREFETCH_MIN_BYTES on, into the cache level ROW_PREFETCH_LEVEL;
 * :func:`prefetch_line`, the same hint as a numba intrinsic (the scattered rows of the
   activation-skip kernel, tern.kernels.kernels_ternary);
-* :func:`prefetch_row` (with :func:`rows_ahead`), every line of a row some rows on: the
-  row-at-a-time kernels of the stored fp16 / bf16 / int8 tables (heads, embeddings,
-  tern.kernels.kernels_stored). Not the fp32 kernels: the hardware prefetcher already
-  streams 4-byte rows, and the hint made them slower (below).
+* :func:`prefetch_row` (with :func:`rows_ahead`), every line of a row some rows on, into L2
+  for rows up to DENSE_L2_MAX_ROW_BYTES, else L1: the row-at-a-time kernels of the stored
+  fp16 / bf16 / int8 tables (heads, routers, tern.kernels.kernels_stored). Not the fp32
+  kernels: the hardware prefetcher already streams 4-byte rows, and the hint made them
+  slower (below).
 """
 
 from __future__ import annotations
@@ -53,7 +54,23 @@ def prefetch_level_setting(text: str, var: str = "TERN_ROW_PREFETCH_LEVEL") -> s
 # TERN_ROW_PREFETCH_LEVEL=l1|l2 overrides it at import (compiled in: PREFETCH_STAMP keys the caches).
 ROW_PREFETCH_LEVEL = prefetch_level_setting(os.environ.get("TERN_ROW_PREFETCH_LEVEL", "l2"))
 ROW_LOCALITY = PREFETCH_LEVELS[ROW_PREFETCH_LEVEL]
-PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL}"  # in the cache stamps of modules that compile it in
+
+
+def dense_l2_setting(text: str) -> int:
+    """TERN_DENSE_PREFETCH_L2_MAX: a row length in bytes >= 0 (0: every dense row into L1)."""
+    if not text.strip().isdigit():
+        raise ValueError(f"TERN_DENSE_PREFETCH_L2_MAX must be a row length in bytes >= 0 (e.g. 2048), got {text!r}")
+    return int(text)
+
+
+# The dense row-at-a-time kernels (prefetch_row) put rows of at most this many bytes into L2
+# (prefetcht1), longer ones into L1. AMD EPYC Zen 4, 1 thread, 131 MB from DRAM (benchmarks/
+# dense_prefetch.py, GB/s into L1 -> into L2): fp16 1,024 columns (2 KB rows: the MoE peer's
+# router) 22.1 -> 31.1, int8 1,024 / 2,048 (1 / 2 KB: the 10B pick's head) 15.8 -> 21.5 / 17.1
+# -> 22.2; but fp16 2,048 (4 KB: the 1.1B peer's head) 23.4 -> 16.3 and fp16 4,096 15.8 -> 14.8.
+DENSE_L2_MAX_ROW_BYTES = dense_l2_setting(os.environ.get("TERN_DENSE_PREFETCH_L2_MAX", "2048"))
+# the import-time settings of this module, in the cache stamps of modules that compile them in
+PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL};dense_l2_max={DENSE_L2_MAX_ROW_BYTES}"
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
@@ -132,12 +149,18 @@ def rows_ahead(W):
 @njit(cache=True, inline="always")
 def prefetch_row(W, r, stop):
     """Prefetch every cache line of row ``r`` of the 2-D C-contiguous ``W``; nothing when
-    ``r >= stop`` (the end of the caller's rows). The dense row-at-a-time kernels call it
+    ``r >= stop`` (the end of the caller's rows); into L2 for rows of at most
+    DENSE_L2_MAX_ROW_BYTES, else into L1. The dense row-at-a-time kernels call it
     with ``r`` = the row being summed + :func:`rows_ahead`. Measured on the Intel Xeon VM
     (2,048 columns from DRAM, 1 thread, one process, interleaved runs, bit-identical
-    results; GB/s without -> with, rows 4-8 KB ahead): fp16 (32,000 rows, 131 MB)
+    results; GB/s without -> with, into L1, rows 4-8 KB ahead): fp16 (32,000 rows, 131 MB)
     10.7 -> 11.1-12.0; int8 (64,000 rows, 131 MB) 6.8 -> 12.8-13.4; fp32 (32,000 rows,
     262 MB) 13.3 -> 10.8-11.2, so the fp32 kernels do without it."""
     if r < stop:
-        for off in range(0, W.shape[1] * W.itemsize, CACHE_LINE_BYTES):
-            prefetch_line(W, r, off)
+        nbytes = W.shape[1] * W.itemsize
+        if nbytes <= DENSE_L2_MAX_ROW_BYTES:
+            for off in range(0, nbytes, CACHE_LINE_BYTES):
+                prefetch_line_l2(W, r, off)
+        else:
+            for off in range(0, nbytes, CACHE_LINE_BYTES):
+                prefetch_line(W, r, off)

@@ -173,3 +173,36 @@ def test_stored_row_kernels_prefetch_and_the_fp32_kernel_does_not():
         fresh(*args)
         ir = "".join(fresh.inspect_llvm().values())
         assert ("llvm.prefetch" in ir) == (kernel is not matvec_fp32_nb), kernel.__name__
+
+
+def test_dense_rows_prefetch_into_l2_up_to_the_row_length_setting(tmp_path):
+    """prefetch_row puts rows of at most DENSE_L2_MAX_ROW_BYTES into L2 (locality 2), longer
+    ones into L1 (3): both forms are in the code, split at that constant; the setting comes
+    from TERN_DENSE_PREFETCH_L2_MAX at import, is validated and is in the cache stamp."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from numba import njit
+
+    from tern.kernels import prefetch as pf
+
+    assert pf.DENSE_L2_MAX_ROW_BYTES == 2048 and f"dense_l2_max={pf.DENSE_L2_MAX_ROW_BYTES}" in pf.PREFETCH_STAMP
+
+    @njit(cache=False)
+    def touch(W):
+        pf.prefetch_row(W, 1, W.shape[0])
+
+    W = np.zeros((4, 64), np.float32)
+    touch(W)
+    ir = touch.inspect_llvm(touch.signatures[0])
+    assert set(re.findall(r"llvm\.prefetch\.p0[^(]*\([^)]*?i32 0, i32 (\d), i32 1\)", ir)) == {"2", "3"}
+    assert re.search(r"\b2048\b|\b2049\b", ir), "the row-length split is not a compiled-in constant"
+    assert pf.dense_l2_setting(" 0 ") == 0
+    with pytest.raises(ValueError, match="TERN_DENSE_PREFETCH_L2_MAX"):
+        pf.dense_l2_setting("2k")
+    env = {**os.environ, "TERN_DENSE_PREFETCH_L2_MAX": "0", "NUMBA_CACHE_DIR": str(tmp_path)}
+    got = subprocess.run([sys.executable, "-c", "import tern.kernels.prefetch as P; print(P.PREFETCH_STAMP)"],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert got.endswith("dense_l2_max=0")

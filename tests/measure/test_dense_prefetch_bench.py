@@ -27,7 +27,7 @@ def test_comparison_forms_match_the_shipped_kernels(dp, cols):
     ref16, ref8 = np.empty(rows, np.float32), np.empty(rows, np.float32)
     matvec_w16(W16, x, ref16, False)
     matvec_int8w(W8, sc, x, ref8)
-    for on in (1, 2, 0):  # halves, the whole row into L2, none
+    for on in (1, 2, 3, 0):  # halves, the whole row into L2, into L1, none
         for fn, args, ref in ((dp._w16_split, (W16, x), ref16), (dp._w16_split_par, (W16, x), ref16),
                               (dp._int8_split, (W8, sc, x), ref8), (dp._int8_split_par, (W8, sc, x), ref8)):
             o = np.full(rows, np.nan, np.float32)
@@ -40,7 +40,7 @@ def test_rows_per_form(dp, tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "bench" / "dense_prefetch.jsonl").read_text().splitlines()]
     assert {(r["dtype"], r["form"]) for r in rows} == {(d, f) for d in ("fp16", "int8")
                                                        for f in ("whole row (shipped)", "halves", "whole row into L2",
-                                                                 "none")}
+                                                                 "whole row into L1", "none")}
     assert all(r["gbps"]["repeats"] == 2 and r["gbps"]["median"] > 0 and r["threads"] == 1 for r in rows)
     assert "GB/s" in capsys.readouterr().out
 
