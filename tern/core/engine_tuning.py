@@ -160,13 +160,21 @@ def save_tuning(entry: dict[str, Any], path: str | os.PathLike | None = None, ke
     return atomic_write_json(path, {"format": FORMAT, "version": VERSION, "cpus": cpus, "sha256": _checksum(cpus)})
 
 
+def tuning_choices(threads: int = 1, path: str | os.PathLike | None = None) -> dict[str, bool]:
+    """Every choice of this CPU at ``threads`` from one read of the file: ``{"stream": do
+    DRAM-resident pools' long rows run the streaming kernel (else the 4-row pass),
+    "stream_prefetch": does that kernel prefetch}``; the probe's (:func:`for_threads`), else
+    :data:`DEFAULT_STREAM` / :data:`DEFAULT_STREAM_PREFETCH`."""
+    entry = load_tuning(path)
+    return {"stream": for_threads(entry.get("stream"), threads, DEFAULT_STREAM),
+            "stream_prefetch": for_threads(entry.get("stream_prefetch"), threads, DEFAULT_STREAM_PREFETCH)}
+
+
 def stream_prefetch_choice(threads: int = 1, path: str | os.PathLike | None = None) -> bool:
-    """Does the streaming kernel prefetch on this CPU at ``threads``? The probe's choice
-    (:func:`for_threads`), else the default."""
-    return for_threads(load_tuning(path).get("stream_prefetch"), threads)
+    """Does the streaming kernel prefetch on this CPU at ``threads``? (:func:`tuning_choices`)"""
+    return tuning_choices(threads, path)["stream_prefetch"]
 
 
 def stream_choice(threads: int = 1, path: str | os.PathLike | None = None) -> bool:
-    """Do DRAM-resident pools' long rows run the streaming kernel on this CPU at ``threads``
-    (else the 4-row pass)? The probe's choice (:func:`for_threads`), else :data:`DEFAULT_STREAM`."""
-    return for_threads(load_tuning(path).get("stream"), threads, DEFAULT_STREAM)
+    """Do DRAM-resident pools' long rows stream on this CPU at ``threads``? (:func:`tuning_choices`)"""
+    return tuning_choices(threads, path)["stream"]

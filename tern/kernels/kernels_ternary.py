@@ -22,7 +22,7 @@ import numpy as np
 from numba import prange
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_line, prefetch_line_l2, skip_prefetch_setting
+from tern.kernels.prefetch import LINE_PREFETCH, PREFETCH_STAMP, prefetch_line, skip_prefetch_setting
 from tern.kernels.simd import (
     ROW_DOT_ISA,
     ROWS_PER_DOT,
@@ -48,7 +48,7 @@ SKIP_GROUP_BLOCK = 2  # groups of 4 nonzero inputs per pass of the skip kernel (
 # Skip kernel prefetch: groups (4 rows) ahead, whole rows into L2 (prefetcht1) or L1: 4 into L2 read 1.69x faster than
 # 2 into L1 from DRAM on Zen 4 (tern.kernels.prefetch). TERN_SKIP_PREFETCH="GROUPS,l1|l2" overrides (skip_prefetch.py)
 SKIP_PREFETCH_GROUPS, SKIP_PREFETCH_LEVEL = skip_prefetch_setting(os.environ.get("TERN_SKIP_PREFETCH", "4,l2"))
-_skip_prefetch = prefetch_line_l2 if SKIP_PREFETCH_LEVEL == "l2" else prefetch_line
+_skip_prefetch = LINE_PREFETCH[SKIP_PREFETCH_LEVEL]
 SKIP_PAR_SEGS = 2  # 256-output segments per parallel work item of the skip kernel
 # Software prefetch in the "simd" row passes (tern.kernels.prefetch; same sums). Zen 5, benchmarks/ternary_matvec.py
 # --prefetch, GB/s off -> on at 1 / 2 threads: 4-row pass from DRAM 18.5 -> 30.5 / 32.3 -> 40.3, in cache 75 -> 81 /

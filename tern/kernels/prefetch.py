@@ -48,9 +48,9 @@ def prefetch_level_setting(text: str, var: str = "TERN_ROW_PREFETCH_LEVEL") -> s
 
 
 # Where the row passes' prefetch (emit_prefetch via tern.kernels.simd and tern.kernels.kernels_b3)
-# puts the next pass's rows: L2 (prefetcht1). AMD EPYC Zen 4, 1 thread, 256 MiB of 4096 x 14336
-# matrices from DRAM (3.5 KB rows): the 4-row pass read 27.3-27.6 GB/s into L2 against 13.1 into L1
-# (11.8-12.5 without); the one-row pass 21.8 against 15.7 (benchmarks/README, "The row passes into L2").
+# puts the next pass's rows: L2 (prefetcht1). AMD EPYC Zen 4, 1 thread, 256 MiB from DRAM, 256 B -
+# 3.5 KB rows: the 4-row pass read 23.8-25.7 GB/s into L2 (83-94 % of the read kernel) against
+# 8.8-15.8 into L1 (benchmarks/README, "The row passes' prefetch into L2").
 # TERN_ROW_PREFETCH_LEVEL=l1|l2 overrides it at import (compiled in: PREFETCH_STAMP keys the caches).
 ROW_PREFETCH_LEVEL = prefetch_level_setting(os.environ.get("TERN_ROW_PREFETCH_LEVEL", "l2"))
 ROW_LOCALITY = PREFETCH_LEVELS[ROW_PREFETCH_LEVEL]
@@ -118,19 +118,20 @@ def _line_prefetch(locality: int):
     return prefetch
 
 
-prefetch_line = _line_prefetch(3)  # into L1 (prefetcht0): the dense row-at-a-time kernels
+prefetch_line = _line_prefetch(PREFETCH_LEVELS["l1"])  # into L1 (prefetcht0): the dense row-at-a-time kernels
 # into L2 only (prefetcht1): the activation-skip kernel's scattered rows. AMD EPYC Zen 4, 1 thread, 256 MiB of
 # 2048 x 2048 transposed matrices, a quarter of the rows read, one process, 5 rotating rounds (GB/s of the rows
 # read, median): no prefetch 3.38, into L1 2 / 4 / 8 groups ahead 3.46 / 3.35 / 3.48, into L2 5.42 / 6.08 / 5.96
 # (16 ahead: 5.68), identical outputs (benchmarks/skip_prefetch.py). Zen 4's L1 prefetches held
 # its few L1 miss buffers; into L2 the scattered rows' misses overlap.
-prefetch_line_l2 = _line_prefetch(2)
+prefetch_line_l2 = _line_prefetch(PREFETCH_LEVELS["l2"])
+LINE_PREFETCH = {"l1": prefetch_line, "l2": prefetch_line_l2}  # cache level -> the line intrinsic
 
 
 def skip_prefetch_setting(text: str) -> tuple[int, str]:
     """``"GROUPS,LEVEL"`` (e.g. ``"4,l2"``; TERN_SKIP_PREFETCH) -> (groups >= 0, "l1" | "l2")."""
     parts = [p.strip().lower() for p in text.split(",")]
-    if len(parts) != 2 or not parts[0].isdigit() or parts[1] not in ("l1", "l2"):
+    if len(parts) != 2 or not parts[0].isdigit() or parts[1] not in PREFETCH_LEVELS:
         raise ValueError(f"TERN_SKIP_PREFETCH must be 'GROUPS,l1' or 'GROUPS,l2' (e.g. '4,l2'), got {text!r}")
     return int(parts[0]), parts[1]
 

@@ -50,7 +50,7 @@ from tern.core.host_profile import OpCurve
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
-from tern.probe.ops import ENGINE_KERNEL_DEPS
+from tern.probe.ops import engine_kernel_deps
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 # op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
@@ -157,7 +157,7 @@ def _drivers() -> dict[str, Callable]:
                 else:
                     kd.matvec_fp32_nb(W[m], x, out)
 
-    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,), ternary)
+    drop_stale_cache(__file__, engine_kernel_deps(), ternary)
     return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "fp32": fp32}
 
 

@@ -168,7 +168,7 @@ def _drivers():
             _region(ctr, n_phases, threads)
 
     # the cached drivers embed the engine's kernels: drop them when those files changed
-    drop_stale_cache(__file__, ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,), ternary)
+    drop_stale_cache(__file__, engine_kernel_deps(), ternary)
     return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector, "region": region}
 
@@ -177,6 +177,14 @@ def _drivers():
 ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
                                               "kernels_dense.py", "fastmath.py", "kernels_b3.py",
                                               "kernels_stored.py", "prefetch.py", "region.py", "routing.py"))
+
+
+def engine_kernel_deps() -> tuple[str, ...]:
+    """ENGINE_KERNEL_DEPS plus the import-time settings compiled into those kernels
+    (tern.kernels.kernels_ternary.COMPILED_SETTINGS): what a cached driver's stamp hashes."""
+    from tern.kernels import kernels_ternary as kt
+
+    return ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,)
 
 
 _DRIVERS: dict[str, Callable] | None = None

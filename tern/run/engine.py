@@ -28,8 +28,7 @@ computes the same model (docs/MODEL.md):
   (tern.kernels.policy.stream_row_bytes); "auto" (default) applies that rule with this machine's LLC size where
   ``tern probe`` found it faster than the 4-row pass at this thread count (tern.core.engine_tuning; else it
   streams), "dram" the rule whatever the probe found, "on" streams every long-row matrix, "off" none. Same sums.
-- ``stream_prefetch``: software prefetch in that streaming kernel (True / False); "auto" (default):
-  this CPU's choice at this thread count as ``tern probe`` measured it (tern.core.engine_tuning; else on).
+- ``stream_prefetch``: software prefetch in that streaming kernel (True / False); "auto" (default): this CPU's choice.
 - ``dense16``: fp16 / bf16 embedding, head and router matrices are read as stored, widened
   to fp32 in registers (``"direct"``, default: tern.kernels.kernels_stored), or converted to
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
@@ -64,7 +63,7 @@ import numba
 import numpy as np
 
 from tern.core.config import tensor_specs
-from tern.core.engine_tuning import stream_choice, stream_prefetch_choice
+from tern.core.engine_tuning import tuning_choices
 from tern.core.host_caches import host_llc_bytes
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
@@ -142,7 +141,9 @@ class Engine:
         self.stream = stream
         if not (isinstance(stream_prefetch, (bool, np.bool_)) or stream_prefetch == "auto"):
             raise ValueError(f"stream_prefetch must be True, False or 'auto', got {stream_prefetch!r}")
-        self.stream_prefetch = stream_prefetch_choice(self.threads) if stream_prefetch == "auto" else bool(stream_prefetch)
+        tuned = tuning_choices(self.threads)  # this CPU's probe choices: one read of the tuning file
+        self.stream_prefetch = tuned["stream_prefetch"] if stream_prefetch == "auto" else bool(stream_prefetch)
+        self.stream_dram = stream in ("on", "dram") or (stream == "auto" and tuned["stream"])  # EnginePolicy.stream
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
@@ -152,7 +153,6 @@ class Engine:
         if weights == "auto":
             weights = "copy" if copy_weights(self.model.file_bytes, available_memory_bytes()) else "map"
         self.weights = weights
-        self.stream_dram = stream in ("on", "dram") or (stream == "auto" and stream_choice(self.threads))  # EnginePolicy.stream
         self.stream_row_bytes = (stream_row_bytes(self.cfg, host_llc_bytes(), self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
