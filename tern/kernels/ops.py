@@ -22,7 +22,6 @@ import numba
 import numpy as np
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.fastmath import fexp_nonpos
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
@@ -38,15 +37,17 @@ from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*
 )
 from tern.kernels.kernels_ternary import (
     COMPILED_SETTINGS,
-    ternary_matvec,
+    ROW_PREFETCH,
+    ternary_matvec_next,
     ternary_matvec_par,
     ternary_matvec_skip,
     ternary_matvec_skip_par,
-    ternary_matvec_stream,
     ternary_matvec_stream_par,
 )
+from tern.kernels.prefetch import CHAIN_PREFETCH
 from tern.kernels.quant import quantize_act
 from tern.kernels.routing import pick_experts, softmax
+from tern.kernels.ssm_step import causal_conv, selective_scan_step, silu, softplus  # noqa: F401  (also this module's API)
 
 # ---- table columns ----------------------------------------------------------------------
 # T: per-layer tensor addresses
@@ -85,11 +86,6 @@ N_GLOBALS = 31
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
-
-# JIT flags (kernels_stored.JIT): reassociation and contraction let LLVM vectorize the
-# reductions in an order fixed per build; no nnan / ninf (softmax starts from -inf).
-ONE, ZERO = np.float32(1.0), np.float32(0.0)
-
 
 # ---- buffer access: u8, f32 (kernels_stored) ------------------------------------------------
 
@@ -197,34 +193,6 @@ def icarve(iwork, G):
 # ---- elementwise ------------------------------------------------------------------------
 
 
-@numba.njit(inline="always", **JIT)
-def silu(v):
-    """v * sigmoid(v), with the vectorisable exp of non-positive arguments."""
-    e = fexp_nonpos(-abs(v))  # exp(-|v|)
-    r = ONE / (ONE + e)
-    return v * (r if v >= ZERO else e * r)
-
-
-@numba.njit(inline="always", **JIT)
-def softplus(v):
-    """log(1 + exp(v)) as torch computes it (v above 20 passes through):
-    max(v, 0) + log1p(exp(-|v|)), log1p(z) = 2 atanh(z / (2 + z)) by its series (z <= 1)."""
-    z = fexp_nonpos(-abs(v))
-    s = z / (np.float32(2.0) + z)  # <= 1/3
-    s2 = s * s
-    p = np.float32(1.0 / 17.0)
-    p = p * s2 + np.float32(1.0 / 15.0)
-    p = p * s2 + np.float32(1.0 / 13.0)
-    p = p * s2 + np.float32(1.0 / 11.0)
-    p = p * s2 + np.float32(1.0 / 9.0)
-    p = p * s2 + np.float32(1.0 / 7.0)
-    p = p * s2 + np.float32(1.0 / 5.0)
-    p = p * s2 + np.float32(1.0 / 3.0)
-    p = p * s2 + ONE
-    r = max(v, ZERO) + np.float32(2.0) * s * p
-    return v if v > np.float32(20.0) else r
-
-
 @numba.njit(**JIT)
 def rmsnorm(x, g, eps, out):
     """out = x / sqrt(mean(x**2) + eps) * g (mean accumulated in float64)."""
@@ -292,6 +260,14 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary2 kernel, b3
     kernel (G_B3: on the permuted activations quant wrote into xd), or the dequantized fp32
     matrix times xd in the fp32 rung."""
+    bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, -1, 0)
+
+
+@numba.njit(cache=True)
+def bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, nxt_addr, nxt_bytes):
+    """:func:`bitlinear`, then the matrix of ``nxt_bytes`` bytes at ``nxt_addr`` (-1: none) is
+    read: the single-thread ternary2 passes prefetch its start as they near their own end
+    (kernels_ternary.ternary_matvec_next; prefetch.CHAIN_PREFETCH). Same sums."""
     if G[G_KERNEL] == KERNEL_FP32:
         W = f32(buf, aux, w_addr, rows * cols).reshape(rows, cols)
         if par(G, rows * cols):
@@ -317,16 +293,17 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
             ternary_matvec_stream_par(P, S, xq[:cols], xs, out[:rows], G[G_STREAM_PF] != 0)
         else:
             ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
-    elif stream:
-        ternary_matvec_stream(P, S, xq[:cols], xs, out[:rows], G[G_STREAM_PF] != 0)
     else:
-        ternary_matvec(P, S, xq[:cols], xs, out[:rows])
+        n = nxt_bytes if CHAIN_PREFETCH and nxt_addr >= 0 else 0
+        nxt = u8(buf, aux, max(nxt_addr, 0), n).reshape(1, n)
+        ternary_matvec_next(P, S, xq[:cols], xs, out[:rows], stream, G[G_STREAM_PF] != 0 if stream else ROW_PREFETCH, nxt)
 
 
 @numba.njit(cache=True)
-def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
+def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out, nxt_addr=-1, nxt_bytes=0):
     """out (D,) = down (D, H) @ h: with activation skip the transposed layout and
-    ternary_matvec_skip (columns of zero hidden units untouched), else a plain matvec."""
+    ternary_matvec_skip (columns of zero hidden units untouched), else a plain matvec
+    (:func:`bitlinear_then`: ``nxt_addr`` / ``nxt_bytes``, the matrix read next)."""
     if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
         rb = (D + 3) // 4
         P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
@@ -335,7 +312,7 @@ def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out):
         else:
             ternary_matvec_skip(P, f32(buf, aux, s_addr, D), hq[:H], hs, out[:D])
     else:
-        bitlinear(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out)
+        bitlinear_then(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out, nxt_addr, nxt_bytes)
 
 
 @numba.njit(cache=True)
@@ -365,64 +342,20 @@ def gated_act(act, g, u, H):
 
 
 @numba.njit(cache=True)
-def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out):
+def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out, nxt_addr=-1):
     """out (D,) = down(act(gate(x), up(x))) for one expert whose input is already quantized
-    (xq, xs, xd). Uses g, u, hd (H,) and hq (H,) as scratch."""
+    (xq, xs, xd). Uses g, u, hd (H,) and hq (H,) as scratch. Each matrix's pass prefetches the
+    start of the next (:func:`bitlinear_then`); the down projection's, ``nxt_addr``'s: the
+    gate of the expert read next (-1: none)."""
     D = G[G_D]
-    bitlinear(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g)
-    bitlinear(buf, aux, G, ua, usa, H, D, xq, xs, xd, u)
+    bitlinear_then(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g, ua, mat_bytes(G, H, D))
+    bitlinear_then(buf, aux, G, ua, usa, H, D, xq, xs, xd, u, da, down_bytes(G, D, H))
     gated_act(G[G_ACT], g, u, H)
     hs = quant_hidden(G, g[:H], hq, hd, eps)
-    down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out)
+    down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out, nxt_addr, mat_bytes(G, H, D))
 
 
 # ---- mixers ------------------------------------------------------------------------------
-
-
-@numba.njit(**JIT)
-def causal_conv(cw, cb, tail, u, uc):
-    """uc = silu(depthwise causal conv of u over time + bias); shifts u into ``tail``.
-    cw (K, Di) (the stored (Di, K) transposed), tail (K-1, Di): inputs t-K+1 .. t-1."""
-    K, Di = cw.shape
-    for i in range(Di):
-        uc[i] = cw[K - 1, i] * u[i]
-    for j in range(K - 1):
-        for i in range(Di):
-            uc[i] += cw[j, i] * tail[j, i]
-    for i in range(Di):
-        uc[i] = silu(uc[i] + cb[i])
-    for j in range(K - 2):
-        tail[j, :] = tail[j + 1, :]
-    if K > 1:
-        tail[K - 2, :] = u
-
-
-@numba.njit(**JIT)
-def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
-    """One selective-scan step (docs/MODEL.md) of channels i0..i1-1 (0, Di: all; the one-region
-    step splits them), on contiguous views so every loop vectorises: dt = softplus(dt_proj.weight
-    @ dtl + bias); h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z). dtw (Di, R) as
-    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy), AT, hT (N, Di)."""
-    N, R, m = AT.shape[0], dtw.shape[1], i1 - i0
-    dtv, yv, ucv = dt[i0:i1], y[i0:i1], uc[i0:i1]  # (a 2-D column slice or a loop from i0 > 0: 3-4x slower)
-    for i in range(m):
-        s, w = dtb[i0 + i], dtw[i0 + i]
-        for r in range(R):
-            s += w[r] * dbc[r]
-        dtv[i] = s
-    Dv = Dp[i0:i1]
-    for i in range(m):
-        dtv[i] = softplus(dtv[i])
-        yv[i] = Dv[i] * ucv[i]
-    for n in range(N):
-        b, c, a, h = dbc[R + n], dbc[R + N + n], AT[n, i0:i1], hT[n, i0:i1]
-        for i in range(m):
-            hv = fexp_nonpos(dtv[i] * a[i]) * h[i] + (dtv[i] * ucv[i]) * b
-            h[i] = hv
-            yv[i] += hv * c
-    zv = z[i0:i1]
-    for i in range(m):
-        yv[i] = yv[i] * silu(zv[i])
 
 
 @numba.njit(cache=True)
@@ -430,12 +363,12 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
     """Selective SSM step of layer l (state index si): out (D,) from xn (D,)."""
     D, Di, N, R, K = G[G_D], G[G_DI], G[G_N], G[G_R], G[G_K]
     xs = quant(G, xn, xq, xd, eps)
-    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 2 * Di, D, xq, xs, xd, uz)
+    bitlinear_then(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 2 * Di, D, xq, xs, xd, uz, T[l, F_XP], mat_bytes(G, R + 2 * N, Di))
     cw = f32(buf, aux, T[l, F_CONV_W], K * Di).reshape(K, Di)  # transposed at load
     cb = f32(buf, aux, T[l, F_CONV_B], Di)
     causal_conv(cw, cb, conv[si], uz[:Di], uc)
     xs = quant(G, uc, xq, xd, eps)
-    bitlinear(buf, aux, G, T[l, F_XP], T[l, F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc)
+    bitlinear_then(buf, aux, G, T[l, F_XP], T[l, F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc, T[l, F_OUT], mat_bytes(G, D, Di))
     dtw = f32(buf, aux, T[l, F_DT_W], Di * R).reshape(Di, R)  # as stored
     dtb = f32(buf, aux, T[l, F_DT_B], Di)
     AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)  # -exp(A_log), transposed at load
@@ -476,7 +409,7 @@ def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out
     """Sliding-window attention step of layer l (cache index ai) at position t."""
     D, W, NH = G[G_D], G[G_WIN], G[G_NH]
     xs = quant(G, xn, xq, xd, eps)
-    bitlinear(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz)
+    bitlinear_then(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz, T[l, F_OUT], mat_bytes(G, D, D))
     slot = t % W
     for i in range(D):
         kc[ai, slot, i] = uz[D + i]
@@ -536,7 +469,8 @@ def routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all
             e = chosen[j]
             gated_mlp(buf, aux, Gs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
                       T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
-                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[c], us[c], hqs[c], hds[c], eps, eo_all[j])
+                      T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[c], us[c], hqs[c], hds[c], eps, eo_all[j],
+                      T[l, F_EG] + chosen[j + P] * mb if j + P < k else -1)  # this slot's next expert's gate
 
 
 @numba.njit(cache=True, inline="always")
@@ -608,7 +542,8 @@ def routed_sequential(buf, aux, G, Gr, T, l, chosen, wk, E, H, k, xq, xs, xd, g,
             continue
         gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
                   T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
-                  T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo)
+                  T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo,
+                  T[l, F_EG] + chosen[j] * mb if G[G_MOE_SKIP] and j < k else -1)  # the next chosen one's gate
         for i in range(D):
             acc[i] += w * eo[i]
 
@@ -635,5 +570,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py", COMPILED_SETTINGS)
+         "routing.py", "ssm_step.py", "kernels_unpack.py", COMPILED_SETTINGS)
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

@@ -69,8 +69,12 @@ def dense_l2_setting(text: str) -> int:
 # router) 22.1 -> 31.1, int8 1,024 / 2,048 (1 / 2 KB: the 10B pick's head) 15.8 -> 21.5 / 17.1
 # -> 22.2; but fp16 2,048 (4 KB: the 1.1B peer's head) 23.4 -> 16.3 and fp16 4,096 15.8 -> 14.8.
 DENSE_L2_MAX_ROW_BYTES = dense_l2_setting(os.environ.get("TERN_DENSE_PREFETCH_L2_MAX", "2048"))
+# The engine's ternary row passes continue their prefetch past a matrix's end into the matrix it
+# reads next (tern.kernels.kernels_ternary._chain_prefetch; tern.kernels.ops.bitlinear_then):
+# TERN_CHAIN_PREFETCH=0 turns it off at import (the comparison arm of benchmarks/README's A/B).
+CHAIN_PREFETCH = os.environ.get("TERN_CHAIN_PREFETCH", "1").strip() not in ("0", "")
 # the import-time settings of this module, in the cache stamps of modules that compile them in
-PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL};dense_l2_max={DENSE_L2_MAX_ROW_BYTES}"
+PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL};dense_l2_max={DENSE_L2_MAX_ROW_BYTES};chain={CHAIN_PREFETCH}"
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)

@@ -109,7 +109,8 @@ def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, ep
         e = chosen[j]
         ops.gated_mlp(buf, aux, Grs, T[l, ops.F_EG] + e * mb, T[l, ops.F_EG_S] + 8 * e * H,
                       T[l, ops.F_EU] + e * mb, T[l, ops.F_EU_S] + 8 * e * H, T[l, ops.F_ED] + e * db,
-                      T[l, ops.F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[tid], us[tid], hqs[tid], hds[tid], eps, eo_all[j])
+                      T[l, ops.F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[tid], us[tid], hqs[tid], hds[tid], eps, eo_all[j],
+                      T[l, ops.F_EG] + chosen[j + Grs[G_THREADS]] * mb if j + Grs[G_THREADS] < k else -1)  # likely next claim
         finish(ctr, p)
     wait_done(ctr, p, k)
     return p + 1
@@ -166,5 +167,6 @@ def scan_phase(ctr, p, n, dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
 # numba cache hygiene: the cached code above embeds the kernels of these files (the one-region
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
-               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", COMPILED_SETTINGS)  # policy: its REGION_* constants are compiled in
+               "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", "ssm_step.py",
+               "kernels_unpack.py", COMPILED_SETTINGS)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

@@ -176,7 +176,8 @@ def _drivers():
 # the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
 ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
                                               "kernels_dense.py", "fastmath.py", "kernels_b3.py",
-                                              "kernels_stored.py", "prefetch.py", "region.py", "routing.py"))
+                                              "kernels_stored.py", "prefetch.py", "region.py", "routing.py",
+                                              "ssm_step.py", "kernels_unpack.py"))
 
 
 def engine_kernel_deps() -> tuple[str, ...]:
