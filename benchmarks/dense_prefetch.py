@@ -30,6 +30,12 @@ rows of up to 2 KB and loses at the 1.1B head's 4 KB, so the shipped kernels now
 bytes (tern.kernels.prefetch.DENSE_L2_MAX_ROW_BYTES; the whole row into L1 above 2 KB) (the 2-thread cells of
 the three comparison forms read as their 1-thread ones in that run; the shipped kernel's did not:
 fp16 4,096 15.8 -> 27.0; not explained).
+
+Same VM, session 25, after the row dot became IR (tern.kernels.kernels_dense.float_row_dot;
+fresh numba cache, 5 interleaved runs, 1 thread, shipped / halves / into L2 / into L1 / none):
+fp16 1,024 columns 30.5 / 20.3 / 31.1 / 19.6 / 28.4, 2,048 17.5 / 19.5 / 15.9 / 15.6 / 29.6,
+4,096 12.6 / 11.4 / 13.7 / 12.8 / 24.5: the fp16 / bf16 kernels now leave rows longer than
+DENSE_L2_MAX_ROW_BYTES to the hardware prefetcher (kernels_stored._w16_prefetch_stop).
 """
 
 from __future__ import annotations

@@ -16,18 +16,106 @@ numba's threads (``prange``). The int32 sum is exact while cols * 127 * 127 < 2*
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 INT8_MAX_COLS = (2**31 - 1) // (127 * 127)  # int32 sums of int8 x int8 products stay exact
+_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+DOT_LANES, DOT_ACCS = 16, 4  # the float row dot's vector accumulators: DOT_ACCS of DOT_LANES lanes
 
 
-@njit(fastmath=True, cache=True)
+def _widen(builder, ptr, kind):
+    """DOT_LANES weights at the i8 pointer ``ptr`` as float32 lanes: fp32 loaded, fp16 widened
+    (``fpext``: F16C's vcvtph2ps), bf16 shifted into the upper half (both exact)."""
+    if kind == "fp32":
+        return builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(_F32, DOT_LANES))), align=1)
+    v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(16), DOT_LANES))), align=1)
+    if kind == "fp16":
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), DOT_LANES)), ir.VectorType(_F32, DOT_LANES))
+    w = builder.shl(builder.zext(v, ir.VectorType(_I32, DOT_LANES)), ir.Constant(ir.VectorType(_I32, DOT_LANES), 16))
+    return builder.bitcast(w, ir.VectorType(_F32, DOT_LANES))
+
+
+def float_row_dot(kind: str):
+    """An intrinsic ``f(W, r, x)`` -> float32 sum_c W[r, c] * x[c], W (rows, cols) C-contiguous
+    float32 (``kind`` "fp32") or uint16 bits of fp16 / bf16, x (cols,) float32, in one fixed
+    order for every kind: DOT_ACCS accumulators of DOT_LANES lanes over blocks of
+    DOT_ACCS * DOT_LANES columns (products contracted into FMAs), summed lane-wise, their
+    lanes summed in order, then the remaining columns one by one. So a stored fp16 / bf16
+    matrix gives the sums of its fp32 conversion bit for bit. Written as IR because LLVM's own
+    vectorisation of the plain loop read an fp16 head at 12.8 GB/s from DRAM where this reads
+    29.1 (AMD EPYC Zen 4, 1 thread, 32,000 x 2,048: the 1.1B peer's head; 45 in L2)."""
+    wdt = types.float32 if kind == "fp32" else types.uint16
+    item = 4 if kind == "fp32" else 2
+
+    @intrinsic
+    def row_dot(typingctx, W, r, x):
+        if not (isinstance(W, types.Array) and W.ndim == 2 and W.dtype == wdt and W.layout == "C"
+                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"):
+            return None
+        sig = types.float32(W, types.int64, x)
+
+        def codegen(context, builder, signature, args):
+            wa = context.make_array(signature.args[0])(context, builder, args[0])
+            xa = context.make_array(signature.args[2])(context, builder, args[2])
+            r = context.cast(builder, args[1], signature.args[1], types.int64)
+            row = builder.gep(builder.bitcast(wa.data, ir.PointerType(ir.IntType(8))),
+                              [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])])
+            xb = builder.bitcast(xa.data, ir.PointerType(ir.IntType(8)))
+            cols = cgutils.unpack_tuple(builder, xa.shape)[0]
+            vty = ir.VectorType(_F32, DOT_LANES)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * DOT_LANES)) for _ in range(DOT_ACCS)]
+            block = DOT_ACCS * DOT_LANES
+            nblocks = builder.sdiv(cols, ir.Constant(_I64, block))
+            with cgutils.for_range(builder, nblocks) as loop:
+                c0 = builder.mul(loop.index, ir.Constant(_I64, block))
+                for k, acc in enumerate(accs):
+                    c = builder.add(c0, ir.Constant(_I64, k * DOT_LANES))
+                    w = _widen(builder, builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))]), kind)
+                    xv = _widen(builder, builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]), "fp32")
+                    builder.store(builder.fadd(builder.load(acc), builder.fmul(w, xv, flags=["contract"]),
+                                               flags=["contract"]), acc)
+            tot = builder.load(accs[0])
+            for acc in accs[1:]:
+                tot = builder.fadd(tot, builder.load(acc))
+            s = cgutils.alloca_once_value(builder, builder.extract_element(tot, ir.Constant(_I32, 0)))
+            for i in range(1, DOT_LANES):
+                builder.store(builder.fadd(builder.load(s), builder.extract_element(tot, ir.Constant(_I32, i))), s)
+            with cgutils.for_range(builder, builder.sub(cols, builder.mul(nblocks, ir.Constant(_I64, block)))) as loop:
+                c = builder.add(builder.mul(nblocks, ir.Constant(_I64, block)), loop.index)
+                wp = builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))])
+                w = builder.extract_element(_widen_one(builder, wp, kind), ir.Constant(_I32, 0))
+                xv = builder.load(builder.bitcast(builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]),
+                                                  ir.PointerType(_F32)), align=1)
+                builder.store(builder.fadd(builder.load(s), builder.fmul(w, xv, flags=["contract"]), flags=["contract"]), s)
+            return builder.load(s)
+
+        return sig, codegen
+
+    return row_dot
+
+
+def _widen_one(builder, ptr, kind):
+    """One weight at ``ptr`` as a 1-lane float32 vector (the tail columns), widened as :func:`_widen`."""
+    if kind == "fp32":
+        return builder.bitcast(builder.load(builder.bitcast(ptr, ir.PointerType(_F32)), align=1), ir.VectorType(_F32, 1))
+    v = builder.bitcast(builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(16))), align=1),
+                        ir.VectorType(ir.IntType(16), 1))
+    if kind == "fp16":
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 1)), ir.VectorType(_F32, 1))
+    return builder.bitcast(builder.shl(builder.zext(v, ir.VectorType(_I32, 1)), ir.Constant(ir.VectorType(_I32, 1), 16)),
+                           ir.VectorType(_F32, 1))
+
+
+row_dot_fp32, row_dot_fp16, row_dot_bf16 = (float_row_dot(k) for k in ("fp32", "fp16", "bf16"))
+
+
+@njit(cache=True, inline="always")
 def _dot_fp32(W, x, r):
-    """sum_c W[r, c] * x[c]; fastmath lets LLVM keep several vector FMA accumulators."""
-    s = np.float32(0.0)
-    for c in range(x.shape[0]):
-        s += W[r, c] * x[c]
-    return s
+    """sum_c W[r, c] * x[c] (:func:`float_row_dot`'s order)."""
+    return row_dot_fp32(W, r, x)
 
 
 @njit(cache=True)

@@ -26,8 +26,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
-from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_row, rows_ahead
+from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb, row_dot_bf16, row_dot_fp16
+from tern.kernels.prefetch import DENSE_L2_MAX_ROW_BYTES, PREFETCH_STAMP, prefetch_row, rows_ahead
 from tern.kernels.simd import target_features
 
 # Reassociation and FMA contraction let LLVM vectorize the reductions (a fixed order for a
@@ -137,35 +137,53 @@ def bf16_to_f32(typingctx, v):
     return types.float32(types.uint16), codegen
 
 
+@numba.njit(fastmath=True, cache=True, inline="always")
+def _plain_dot_f16(W, r, x):
+    """sum_c W[r, c] * x[c] over fp16 bits without F16C (LLVM's fpext would call compiler-rt):
+    a plain loop over f16_to_f32, so its sums match the fp32 kernel's to float rounding only."""
+    s = np.float32(0.0)
+    for c in range(x.shape[0]):
+        s += f16_to_f32(W[r, c]) * x[c]
+    return s
+
+
+_dot_f16 = row_dot_fp16 if HAS_F16C else _plain_dot_f16
+
+
 @numba.njit(fastmath=True, cache=True)
 def _dot16(W, x, r, bf16):
-    """sum_c W[r, c] * x[c], W (rows, cols) uint16 holding fp16 (or ``bf16``) bits; the loop
-    of kernels_dense._dot_fp32 with the widening in it (same flags, same vector order)."""
-    s = np.float32(0.0)
-    if bf16:
-        for c in range(x.shape[0]):
-            s += bf16_to_f32(W[r, c]) * x[c]
-    else:
-        for c in range(x.shape[0]):
-            s += f16_to_f32(W[r, c]) * x[c]
-    return s
+    """sum_c W[r, c] * x[c], W (rows, cols) uint16 holding fp16 (or ``bf16``) bits, in the order
+    of kernels_dense._dot_fp32 (kernels_dense.float_row_dot): bit for bit its sums of the fp32
+    conversion (fp16 without F16C: :func:`_plain_dot_f16`)."""
+    return row_dot_bf16(W, r, x) if bf16 else _dot_f16(W, r, x)
+
+
+@numba.njit(cache=True, inline="always")
+def _w16_prefetch_stop(W):
+    """Rows of fp16 / bf16 the kernels prefetch (prefetch_row's ``stop``): all when a row has at
+    most DENSE_L2_MAX_ROW_BYTES (into L2), none when longer: with the IR row dot, AMD EPYC Zen 4,
+    1 thread, 131 MB from DRAM (benchmarks/dense_prefetch.py, GB/s whole row ahead / none): 2,048
+    columns (the 1.1B peer's head) 17.5 into L1 / 29.6 none, 4,096 12.6 / 24.5; 1,024 30.5 into L2 / 28.4."""
+    return W.shape[0] if W.shape[1] * W.itemsize <= DENSE_L2_MAX_ROW_BYTES else 0
 
 
 @numba.njit(fastmath=True, cache=True)
 def matvec_w16(W, x, out, bf16):
-    """out (rows,) = W (rows, cols) fp16 / bf16 bits @ x (cols,) float32; one thread. Each
-    row's lines are prefetched :func:`tern.kernels.prefetch.rows_ahead` rows early; the
+    """out (rows,) = W (rows, cols) fp16 / bf16 bits @ x (cols,) float32; one thread. Rows of up to
+    DENSE_L2_MAX_ROW_BYTES are prefetched :func:`tern.kernels.prefetch.rows_ahead` rows early
+    (:func:`_w16_prefetch_stop`); the
     fp16 / bf16 choice is made outside the row loop (a per-row branch on a runtime flag
     cost the prefetch its gain: measured, 10.4 against 12.0 GB/s)."""
     a = rows_ahead(W)
     n = W.shape[0]
+    stop = _w16_prefetch_stop(W)
     if bf16:
         for r in range(n):
-            prefetch_row(W, r + a, n)
+            prefetch_row(W, r + a, stop)
             out[r] = _dot16(W, x, r, True)
     else:
         for r in range(n):
-            prefetch_row(W, r + a, n)
+            prefetch_row(W, r + a, stop)
             out[r] = _dot16(W, x, r, False)
 
 
@@ -174,13 +192,14 @@ def matvec_w16_par(W, x, out, bf16):
     """:func:`matvec_w16`, output rows split over numba threads (same per-row order)."""
     a = rows_ahead(W)
     n = W.shape[0]
+    stop = _w16_prefetch_stop(W)
     if bf16:
         for r in numba.prange(n):
-            prefetch_row(W, r + a, n)
+            prefetch_row(W, r + a, stop)
             out[r] = _dot16(W, x, r, True)
     else:
         for r in numba.prange(n):
-            prefetch_row(W, r + a, n)
+            prefetch_row(W, r + a, stop)
             out[r] = _dot16(W, x, r, False)
 
 

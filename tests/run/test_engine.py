@@ -25,6 +25,11 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "engine_tiny" / "mo
 MEDIAN_REL = 1e-5  # typical token: only fp32 rounding (observed ~2e-7)
 MAX_REL = 5e-3  # any token, rounding flips included (observed < 2e-3)
 FLIP_FRAC = 0.05  # share of tokens allowed above 1e-3 (observed ~1.5 %)
+# the fp32 rung against the integer rungs: where one activation rounds to the neighbouring int8 code
+# in one of them, that token moves by a few % and the next few (the SSM state, the attention window)
+# decay back (session 25, IR float row dot, small model: one such event, 1.9 % at token 51, 0.8 % by
+# token 54, 1e-4 by 56); the median token stays at rounding level
+RUNG_MAX_REL, RUNG_FLIP_FRAC = 0.05, 0.1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -154,7 +159,7 @@ def test_every_rung_computes_the_same_model(which, trained, small_file, val_toke
         assert np.array_equal(o, outs[1])
     base = outs[0]  # fp32 baseline: dequantized weights, rounding-level differences
     rel = np.abs(base - outs[-1]).max(1) / np.abs(outs[-1]).max(1)
-    assert np.median(rel) < MEDIAN_REL and rel.max() < MAX_REL
+    assert np.median(rel) < MEDIAN_REL and rel.max() < RUNG_MAX_REL and (rel > 1e-3).mean() <= RUNG_FLIP_FRAC
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
