@@ -26,7 +26,12 @@ from numba import types
 from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb, row_dot_bf16, row_dot_fp16
+from tern.kernels.kernels_dense import (
+    matvec_fp32_nb,
+    matvec_fp32_parallel_nb,
+    row_dot_bf16,
+    row_dot_fp16,
+)
 from tern.kernels.prefetch import DENSE_L2_MAX_ROW_BYTES, PREFETCH_STAMP, prefetch_row, rows_ahead
 from tern.kernels.simd import target_features
 
@@ -287,55 +292,31 @@ def dense_row(buf, aux, kind, addr, s_addr, row, cols, out):
 
 @numba.njit(**JIT)
 def router_logits(buf, aux, kind, addr, s_addr, E, D, xn, out):
-    """out (E,) = router (E, D) @ xn (D,): fp32, fp16 / bf16 widened in the same loop, or
-    int8 rows (row scales at ``s_addr``) dequantized a row at a time into an L1 scratch row,
-    ``float32(q) * scale`` as the file reader dequantizes them, then the fp32 loop: the
-    routing math of docs/MODEL.md is fp32 on the exact dequantized weights, so the logits
-    equal the fp32 table's bit for bit while the rows are read at 1 byte a weight, not 4
-    (engines before EnginePolicy.router_int8 dequantized int8 routers to an fp32 table at
-    load)."""
+    """out (E,) = router (E, D) @ xn (D,): every kind's rows summed by the same row dot
+    (kernels_dense.float_row_dot's order): fp32, fp16 / bf16 widened in it, int8 rows (row
+    scales at ``s_addr``) dequantized a row at a time into an L1 scratch row, ``float32(q) *
+    scale`` as the file reader dequantizes them: the routing math of docs/MODEL.md is fp32 on
+    the exact dequantized weights, so the logits equal the fp32 table's bit for bit while the
+    rows are read at their stored width (engines before EnginePolicy.router_int8 dequantized
+    int8 routers to an fp32 table at load). The row dots run inside matvec_fp32_nb / matvec_w16,
+    compiled with one set of fast-math flags (numba puts a function's flags on every float
+    instruction in it, the row dot's too, so the same flags keep the same order)."""
     if kind == DENSE_INT8:
         Wq = u8(buf, aux, addr, E * D).view(np.int8).reshape(E, D)
         sc = f32(buf, aux, s_addr, E)
-        w = np.empty(D, np.float32)
+        w = np.empty((1, D), np.float32)
         a = rows_ahead(Wq)
         for e in range(E):
             prefetch_row(Wq, e + a, E)
             se = sc[e]
             for d in range(D):
-                w[d] = np.float32(Wq[e, d]) * se
-            s = ZERO
-            for d in range(D):
-                s += w[d] * xn[d]
-            out[e] = s
-        return
-    if kind == DENSE_FP32:
-        Wr = f32(buf, aux, addr, E * D).reshape(E, D)
-        for e in range(E):
-            s = ZERO
-            for d in range(D):
-                s += Wr[e, d] * xn[d]
-            out[e] = s
-        return
-    # fp16 / bf16 rows prefetched ahead and the kind chosen outside the row loop, as
-    # matvec_w16 does; not matvec_w16 itself: its flags (fastmath=True) sum in another order
-    # than the fp32 router loop, and routing is defined by that loop (bit-identity test)
-    Wh = u8(buf, aux, addr, 2 * E * D).view(np.uint16).reshape(E, D)
-    a = rows_ahead(Wh)
-    if kind == DENSE_BF16:
-        for e in range(E):
-            prefetch_row(Wh, e + a, E)
-            s = ZERO
-            for d in range(D):
-                s += bf16_to_f32(Wh[e, d]) * xn[d]
-            out[e] = s
+                w[0, d] = np.float32(Wq[e, d]) * se
+            matvec_fp32_nb(w, xn, out[e:e + 1])
+    elif kind == DENSE_FP32:
+        matvec_fp32_nb(f32(buf, aux, addr, E * D).reshape(E, D), xn, out[:E])
     else:
-        for e in range(E):
-            prefetch_row(Wh, e + a, E)
-            s = ZERO
-            for d in range(D):
-                s += f16_to_f32(Wh[e, d]) * xn[d]
-            out[e] = s
+        Wh = u8(buf, aux, addr, 2 * E * D).view(np.uint16).reshape(E, D)
+        matvec_w16(Wh, xn, out[:E], kind == DENSE_BF16)
 
 
 # numba cache hygiene: the cached code above embeds tern.kernels.kernels_dense's kernels
