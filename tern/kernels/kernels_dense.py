@@ -26,16 +26,17 @@ _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 DOT_LANES, DOT_ACCS = 16, 4  # the float row dot's vector accumulators: DOT_ACCS of DOT_LANES lanes
 
 
-def _widen(builder, ptr, kind):
-    """DOT_LANES weights at the i8 pointer ``ptr`` as float32 lanes: fp32 loaded, fp16 widened
+def _widen(builder, ptr, kind, lanes=DOT_LANES):
+    """``lanes`` weights at the i8 pointer ``ptr`` as float32 lanes: fp32 loaded, fp16 widened
     (``fpext``: F16C's vcvtph2ps), bf16 shifted into the upper half (both exact)."""
+    f32s = ir.VectorType(_F32, lanes)
     if kind == "fp32":
-        return builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(_F32, DOT_LANES))), align=1)
-    v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(16), DOT_LANES))), align=1)
+        return builder.load(builder.bitcast(ptr, ir.PointerType(f32s)), align=1)
+    v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(16), lanes))), align=1)
     if kind == "fp16":
-        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), DOT_LANES)), ir.VectorType(_F32, DOT_LANES))
-    w = builder.shl(builder.zext(v, ir.VectorType(_I32, DOT_LANES)), ir.Constant(ir.VectorType(_I32, DOT_LANES), 16))
-    return builder.bitcast(w, ir.VectorType(_F32, DOT_LANES))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), lanes)), f32s)
+    return builder.bitcast(builder.shl(builder.zext(v, ir.VectorType(_I32, lanes)), ir.Constant(ir.VectorType(_I32, lanes), 16)),
+                           f32s)
 
 
 def float_row_dot(kind: str):
@@ -87,28 +88,16 @@ def float_row_dot(kind: str):
                 builder.store(builder.fadd(builder.load(s), builder.extract_element(tot, ir.Constant(_I32, i))), s)
             with cgutils.for_range(builder, builder.sub(cols, builder.mul(nblocks, ir.Constant(_I64, block)))) as loop:
                 c = builder.add(builder.mul(nblocks, ir.Constant(_I64, block)), loop.index)
-                wp = builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))])
-                w = builder.extract_element(_widen_one(builder, wp, kind), ir.Constant(_I32, 0))
-                xv = builder.load(builder.bitcast(builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]),
-                                                  ir.PointerType(_F32)), align=1)
+                def one(base, size, k):  # column c of a row of ``size``-byte values, widened as a block's
+                    return builder.extract_element(_widen(builder, builder.gep(base, [builder.mul(c, ir.Constant(_I64, size))]),
+                                                          k, 1), ir.Constant(_I32, 0))
+                w, xv = one(row, item, kind), one(xb, 4, "fp32")
                 builder.store(builder.fadd(builder.load(s), builder.fmul(w, xv, flags=["contract"]), flags=["contract"]), s)
             return builder.load(s)
 
         return sig, codegen
 
     return row_dot
-
-
-def _widen_one(builder, ptr, kind):
-    """One weight at ``ptr`` as a 1-lane float32 vector (the tail columns), widened as :func:`_widen`."""
-    if kind == "fp32":
-        return builder.bitcast(builder.load(builder.bitcast(ptr, ir.PointerType(_F32)), align=1), ir.VectorType(_F32, 1))
-    v = builder.bitcast(builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(16))), align=1),
-                        ir.VectorType(ir.IntType(16), 1))
-    if kind == "fp16":
-        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 1)), ir.VectorType(_F32, 1))
-    return builder.bitcast(builder.shl(builder.zext(v, ir.VectorType(_I32, 1)), ir.Constant(ir.VectorType(_I32, 1), 16)),
-                           ir.VectorType(_F32, 1))
 
 
 row_dot_fp32, row_dot_fp16, row_dot_bf16 = (float_row_dot(k) for k in ("fp32", "fp16", "bf16"))
