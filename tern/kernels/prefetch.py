@@ -72,7 +72,14 @@ DENSE_L2_MAX_ROW_BYTES = dense_l2_setting(os.environ.get("TERN_DENSE_PREFETCH_L2
 # The engine's ternary row passes continue their prefetch past a matrix's end into the matrix it
 # reads next (tern.kernels.kernels_ternary._chain_prefetch; tern.kernels.ops.bitlinear_then):
 # TERN_CHAIN_PREFETCH=0 turns it off at import (the comparison arm of benchmarks/README's A/B).
-CHAIN_PREFETCH = os.environ.get("TERN_CHAIN_PREFETCH", "1").strip() not in ("0", "")
+def chain_setting(text: str) -> bool:
+    """TERN_CHAIN_PREFETCH: ``"1"`` (on) or ``"0"`` (off), spaces ignored, else a ValueError naming it."""
+    if text.strip() not in ("0", "1"):
+        raise ValueError(f"TERN_CHAIN_PREFETCH must be 0 or 1, got {text!r}")
+    return text.strip() == "1"
+
+
+CHAIN_PREFETCH = chain_setting(os.environ.get("TERN_CHAIN_PREFETCH", "1"))
 # the import-time settings of this module, in the cache stamps of modules that compile them in
 PREFETCH_STAMP = f"row_prefetch_level={ROW_PREFETCH_LEVEL};dense_l2_max={DENSE_L2_MAX_ROW_BYTES};chain={CHAIN_PREFETCH}"
 

@@ -68,3 +68,10 @@ def test_the_chain_is_a_compiled_in_setting(tmp_path):
         env = {**os.environ, "TERN_CHAIN_PREFETCH": value, "NUMBA_CACHE_DIR": str(tmp_path / value)}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
         assert out[0] == str(on) and f"chain={on}" in out[1].split(";")
+    assert pf.chain_setting(" 0 ") is False and pf.chain_setting("1") is True
+    for bad in ("off", "yes", "", "2"):
+        with pytest.raises(ValueError, match="TERN_CHAIN_PREFETCH"):
+            pf.chain_setting(bad)
+    env = {**os.environ, "TERN_CHAIN_PREFETCH": "off", "NUMBA_CACHE_DIR": str(tmp_path / "bad")}
+    r = subprocess.run([sys.executable, "-c", "import tern.kernels.prefetch"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "TERN_CHAIN_PREFETCH must be 0 or 1" in r.stderr
