@@ -94,6 +94,14 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # s23b (the one-region step's 2-thread work priced too fast on this host); the repeat sweep agreed with the
     # first at 78 % within +-20 % (70 % within +-10 %)
     "amd-epyc-zen4-s24": (0.82, 0.054, "AMD Zen 4, session 24: 2-thread points 0.91x (4m 0.61-0.74x), 1 thread 25/25"),
+    # session 26 on the same VM with session 25's engine (c429d37; "+dirty" in host.json: docs only): 42 / 50
+    # within, median 6.4 %. Two causes, both seen in its repeat sweep too (87 % within +-20 % of the first):
+    # (1) an engine regression the predictor does not price: session 25 made the int8 router call
+    # matvec_fp32_nb once per ROW, so the 4m models with 313-2,676 experts (int8 routers of up to 2,676 rows)
+    # ran 0.50-0.77x their 1-thread predictions (s24: 0.82-0.95); the next commit calls the row dot inline
+    # (kernels_stored._router_int8: 4m-e2676 2,440 -> 3,988 tok/s at 1 thread, same run); (2) the VM's slow
+    # 2-thread band: 105m / 206m at 2 threads 0.70 / 0.62x, the kernel speed beside them 0.84-0.86 of the probe's
+    "amd-epyc-zen4-s26": (0.84, 0.065, "AMD Zen 4, session 26: the int8 router regression of session 25, 2-thread band"),
     # none at present. amd-epyc-zen5 (native) was 90 % within with the two-shape curves and
     # passes since its re-measure with the row-heavy third shape (session 7);
     # amd-epyc-zen5-sse42 was 47/50, median 9.1 % (every DRAM-bound point slow: the plain
@@ -145,6 +153,11 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     ("amd-epyc-zen4-s23b", "206m", 1): 0.351,
     # session 24 (above): 105m at 1 thread measured 1,774 tok/s against 2,100 predicted (206m 2,197 against 2,026)
     ("amd-epyc-zen4-s24", "105m", 1): 0.155,
+    # session 26 (above): 105m / 206m at 2 threads measured 2,017 / 1,756 tok/s against 2,874 / 2,830 (repeat
+    # sweep 1,876 / 1,961); the 10B pick at 2 threads 179.6 against 222.2 (127.1 against 137.6 at 1 thread)
+    ("amd-epyc-zen4-s26", "105m", 2): 0.298,
+    ("amd-epyc-zen4-s26", "206m", 2): 0.379,
+    ("amd-epyc-zen4-s26", "d2560-L8-E256k4-h640", 2): 0.192,
 }
 
 
@@ -206,7 +219,7 @@ def test_noisy_host_misses_are_its_own_spread():
     host agreed with itself at fewer points than the target asks of predictions."""
     noisy = [h for h in HOSTS if h.repeat_rows]
     assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23",
-                                        "amd-epyc-zen4-s23b", "amd-epyc-zen4-s24"]
+                                        "amd-epyc-zen4-s23b", "amd-epyc-zen4-s24", "amd-epyc-zen4-s26"]
     for h in noisy:
         r = repeatability(h.rows, h.repeat_rows)
         assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
