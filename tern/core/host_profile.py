@@ -158,14 +158,20 @@ class EngineRun:
     (tern.probe.engine_runs): seconds per token of ``Engine.step`` called from a Python
     loop, and of the engine's per-token function called from a numba loop (its own work,
     nothing between tokens). The predictor reads the Python side as the per-token overhead
-    and the numba side against its op costs as the engine-context factor."""
+    and the numba side against its op costs as the engine-context factor.
+
+    Since session 27 a probe times each model in ``rounds`` spread over the probe and keeps
+    its fastest round (``loop_max_s``: the slowest round's, the spread a shared host put in);
+    older profiles have one round."""
 
     config: dict[str, Any]  # ModelConfig.to_dict() of the model timed
     threads: int
-    step_s: float  # median seconds per token, Engine.step from Python
-    loop_s: float  # median seconds per token, inside numba
+    step_s: float  # median seconds per token, Engine.step from Python (fastest round)
+    loop_s: float  # median seconds per token, inside numba (fastest round)
     tokens: int
-    repeats: int
+    repeats: int  # timed runs per round
+    rounds: int = 1
+    loop_max_s: float | None = None  # the slowest round's loop_s
 
     def __post_init__(self) -> None:
         for n in ("step_s", "loop_s"):
@@ -174,6 +180,11 @@ class EngineRun:
                 raise ValueError(f"engine run: {n} must be a finite number > 0 s, got {v!r}")
         if not (isinstance(self.threads, int) and self.threads >= 1) or not isinstance(self.config, dict):
             raise ValueError("engine run: needs a config dict and threads >= 1")
+        if not (isinstance(self.rounds, int) and self.rounds >= 1):
+            raise ValueError(f"engine run: rounds must be an integer >= 1, got {self.rounds!r}")
+        if self.loop_max_s is not None and not (isinstance(self.loop_max_s, (int, float))
+                                                and math.isfinite(self.loop_max_s) and self.loop_max_s >= self.loop_s):
+            raise ValueError(f"engine run: loop_max_s must be a finite number >= loop_s, got {self.loop_max_s!r}")
 
 
 def op_curve_for(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: str, threads: int) -> OpCurve | None:

@@ -94,6 +94,11 @@ def cli_render(result: dict[str, Any]) -> str:
 
         parts.append("engine kernels from L2 to DRAM (ns per weight byte read, at each working set)\n"
                      + render_curves(list(prof.op_curves)))
+    if prof.engine_runs:
+        from tern.probe.engine_runs import render_engine_runs
+
+        parts.append("the engine on small cache-resident models, us per token (each model's fastest round; "
+                     "spread: its slowest round over it)\n" + render_engine_runs(prof.engine_runs))
     sp = result.get("stream_prefetch")
     if sp is not None:
         ratios = ", ".join(f"{t} thread(s) x{r:.3f} -> {'on' if sp['choice'][t] else 'off'}"

@@ -197,29 +197,38 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     if config.kernel_names != ():
         kernels = kernel_bench.measure_kernels(config.kernel_names, config.kernel_sizes,
                                                sc.thread_counts, config.kernel_timing, progress)
-    op_costs, stream_pf = [], None
-    if config.op_costs:  # the streaming kernel's prefetch first: the engine's ops are timed as it will run
-        from tern.probe.ops import measure_op_costs
-        from tern.probe.stream_prefetch import measure_stream_prefetch
+    op_costs, stream_pf, runs = [], None, None
+    try:
+        if config.op_costs:  # the streaming kernel's prefetch first: the engine's ops are timed as it will run
+            from tern.probe.ops import measure_op_costs
+            from tern.probe.stream_prefetch import measure_stream_prefetch
 
-        stream_pf = measure_stream_prefetch(sc.thread_counts, quick=config.quick, progress=progress)
-        op_costs = measure_op_costs(sc.thread_counts, quick=config.quick, progress=progress,
-                                    timing=config.kernel_timing if config.quick else None,
-                                    stream_prefetch=stream_pf["stream_prefetch"])
-    op_curves = []
-    if config.op_curves and config.op_costs:
-        from tern.probe.curves import measure_op_curves
+            stream_pf = measure_stream_prefetch(sc.thread_counts, quick=config.quick, progress=progress)
+            if config.engine_runs:  # rounds spread over the rest of the probe (tern.probe.engine_runs)
+                from tern.probe.engine_runs import EngineRunRounds
 
-        op_curves = measure_op_curves(sc.thread_counts, quick=config.quick, progress=progress,
-                                      max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024),
-                                      timing=config.kernel_timing if config.quick else None,
-                                      stream_prefetch=stream_pf["stream_prefetch"])
-    engine_runs = []
-    if config.engine_runs and config.op_costs:
-        from tern.probe.engine_runs import measure_engine_runs
+                runs = EngineRunRounds(sc.thread_counts, repeats=3 if config.quick else 5,
+                                       stream_prefetch=stream_pf["stream_prefetch"], stream=stream_pf["stream"])
+                runs.round(progress)
+            op_costs = measure_op_costs(sc.thread_counts, quick=config.quick, progress=progress,
+                                        timing=config.kernel_timing if config.quick else None,
+                                        stream_prefetch=stream_pf["stream_prefetch"])
+            if runs is not None and not config.quick:
+                runs.round(progress)
+        op_curves = []
+        if config.op_curves and config.op_costs:
+            from tern.probe.curves import measure_op_curves
 
-        engine_runs = measure_engine_runs(sc.thread_counts, repeats=3 if config.quick else 5, progress=progress,
-                                          stream_prefetch=stream_pf["stream_prefetch"], stream=stream_pf["stream"])
+            op_curves = measure_op_curves(sc.thread_counts, quick=config.quick, progress=progress,
+                                          max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024),
+                                          timing=config.kernel_timing if config.quick else None,
+                                          stream_prefetch=stream_pf["stream_prefetch"])
+        if runs is not None:
+            runs.round(progress)
+        engine_runs = [] if runs is None else runs.runs()
+    finally:
+        if runs is not None:
+            runs.close()
     most = max(sc.thread_counts)  # the profile's engine_policy: the choices at the largest thread count
     host = host_facts(sc.thread_counts, topo or Topology(os.cpu_count() or 1, os.cpu_count() or 1),
                       stream_prefetch=for_threads(None if stream_pf is None else stream_pf["stream_prefetch"], most),

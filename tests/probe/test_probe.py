@@ -557,6 +557,7 @@ def test_tiny_probe_round_trips(tmp_path, monkeypatch):
     assert prof.measured and prof.cache_source == "/sys"
     assert len(prof.bandwidth) == 5 * 2  # 4K..64K at 1 point/octave, two kernels
     assert {k.kernel for k in prof.kernels} == {"fp32_matvec", "int8_matvec"}
+    assert len(prof.engine_runs) == 3 and all(r.rounds == 2 and r.loop_max_s >= r.loop_s for r in prof.engine_runs)
     for key in ("cpu_model", "isa", "physical_cores", "logical_cpus", "ram_bytes", "os",
                 "versions", "timestamp", "read_kernel_simd"):
         assert key in prof.host
