@@ -75,8 +75,14 @@ def test_region_logits_identical_to_one_thread(files, variant):
         eng.region_params[:] = params
         got = _run(eng, tokens)
         assert np.array_equal(got, ref), (variant, params)
-    # the phase count of a token stays within the counters allocated for it
-    used = int(eng.fused_call()[2][-1][-1])
+    # the phase count of a token stays within the counters allocated for it. Read it from the
+    # region step itself at the default parameters: under load (the suite's two workers on two
+    # cores) Engine.step may fall back to one thread (tern.run.region_watch) for the last tokens,
+    # and the count left behind would be an earlier run's (seen once: 39, the [0, 1] split's)
+    eng.reset()
+    fn, before, after = eng.fused_call()
+    fn(*before, int(tokens[0]), *after)
+    used = int(after[-1][-1])
     assert 0 < used <= ops_region.phases_bound(eng.LI)
     if kw.get("kernel", "ternary") == "ternary" and kw.get("moe_skip", True):  # the predictor counts the same
         pol = ops_region.ENGINE_POLICY
