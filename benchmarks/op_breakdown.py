@@ -98,7 +98,7 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
     """ops.mixer_step (and ssm_mixer / attn_mixer) with laps."""
     x, xn, out, eo, uz, uc, dbc, dt, y, g, u, sc, pr, wk, xd, hd = ops.carve(work, G)
     xq, hq = ops.icarve(iwork, G)
-    D, Di, N, R, K, W, NH = G[ops.G_D], G[ops.G_DI], G[ops.G_N], G[ops.G_R], G[ops.G_K], G[ops.G_WIN], G[ops.G_NH]
+    D, Di, N, R, K, W = G[ops.G_D], G[ops.G_DI], G[ops.G_N], G[ops.G_R], G[ops.G_K], G[ops.G_WIN]
     ops.rmsnorm(x, ops.f32(buf, aux, T[l, ops.F_NORM1], D), eps, xn)
     t = _lap(t, acc, C_NORM)
     si = LI[l, ops.L_STATE]
@@ -126,11 +126,8 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
     else:
         ops.bitlinear(buf, aux, G, T[l, ops.F_IN], T[l, ops.F_IN_S], 3 * D, D, xq, xs, xd, uz)
         t = _lap(t, acc, C_MIX)
-        slot = pos[0] % W
-        for i in range(D):
-            kc[si, slot, i] = uz[D + i]
-            vc[si, slot, i] = uz[2 * D + i]
-        ops.attend(uz[:D], kc[si], vc[si], pos[0], NH, sc, y)
+        ops.store_kv(kc[si], vc[si], uz, D, pos[0] % W)
+        ops.attend(uz[:D], kc[si], vc[si], pos[0], sc, y)
         t = _lap(t, acc, C_ATTN)
         xs = ops.quant(G, y[:D], xq, xd, eps)
         t = _lap(t, acc, C_QUANT)

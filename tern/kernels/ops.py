@@ -10,7 +10,7 @@ head/embedding addresses). Index constants below name the columns.
 
 Scratch lives in one float32 ``work`` and one int8 ``iwork`` array (carved by
 :func:`carve`), the recurrent state in ``ssm_h`` (n_ssm, N, Di) (transposed), ``conv`` (n_ssm, K-1, Di),
-``kc`` / ``vc`` (n_attn, window, D) and ``pos`` (1,) (tokens seen), so a token allocates
+``kc`` / ``vc`` (n_attn, heads, window, head_dim) and ``pos`` (1,) (tokens seen), so a token allocates
 nothing. :func:`token_step` is the fused per-token loop; :func:`embed_step`,
 :func:`mixer_step`, :func:`ffn_step` and :func:`head_step` are the same work called one
 layer at a time from Python (the unfused rung of the ladder).
@@ -118,8 +118,9 @@ def work_sizes(G: np.ndarray) -> tuple[int, int]:
     nf, ni = (int(v) for v in base_work_sizes(G))
     D, H = int(G[G_D]), int(G[G_HMAX])
     P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
-    if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq
-        nf += K * D + 3 * P * H + P * B3_PAD
+    if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq;
+        nf += K * D + 3 * P * H + P * B3_PAD  # then attention's scores per item of heads (carve_attn)
+        nf += P * int(G[G_WIN])
         ni += P * H
     return nf, ni
 
@@ -181,6 +182,16 @@ def carve_experts(work, iwork, G):
     hds = work[o:o + P * (H + B3_PAD)].reshape(P, H + B3_PAD)
     hqs = iwork[oi:oi + P * H].reshape(P, H)
     return eo_all, gs, us, hds, hqs
+
+
+@numba.njit(cache=True)
+def carve_attn(work, G):
+    """The one-region step's attention scratch after carve_experts': per item of heads (at
+    most one per thread) its W scores, (P, W) float32."""
+    D, H, P, K, W = G[G_D], G[G_HMAX], G[G_THREADS], G[G_TOPK_MAX], G[G_WIN]
+    o, _ = base_work_sizes(G)
+    o += K * D + 3 * P * H + P * B3_PAD
+    return work[o:o + P * W].reshape(P, W)
 
 
 @numba.njit(cache=True)
@@ -379,42 +390,58 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
 
 
 @numba.njit(**JIT)
-def attend(q, kc, vc, t, NH, sc, y):
-    """y[:D] = softmax(q k / sqrt(hd)) v per head over the ring buffers kc, vc (W, D) at
-    position t (the last min(t + 1, W) slots, oldest first); q (D,), sc (>= W,) scratch."""
-    W, D = kc.shape
-    hd = D // NH
+def attend_head(q, kc, vc, t, sc, y):
+    """y (hd,) = softmax(q k / sqrt(hd)) v of one head over its ring buffers kc, vc (W, hd)
+    at position t (the last min(t + 1, W) slots, oldest first); q (hd,), sc (>= W,) scratch.
+    Not inlined on purpose: every caller (one thread's loop over heads, the one-region step's
+    items of heads) runs this one compiled body, so the sums agree to the bit."""
+    W, hd = kc.shape
     n = min(t + 1, W)
     scale = np.float32(1.0 / np.sqrt(np.float32(hd)))
-    for hh in range(NH):
-        o = hh * hd
-        for j in range(n):  # oldest position first
-            sj = (t - n + 1 + j) % W
-            s = np.float32(0.0)
-            for c in range(hd):
-                s += q[o + c] * kc[sj, o + c]
-            sc[j] = s * scale
-        softmax(sc[:n])
+    for j in range(n):  # oldest position first
+        sj = (t - n + 1 + j) % W
+        s = np.float32(0.0)
         for c in range(hd):
-            y[o + c] = 0.0
-        for j in range(n):
-            sj = (t - n + 1 + j) % W
-            p = sc[j]
-            for c in range(hd):
-                y[o + c] += p * vc[sj, o + c]
+            s += q[c] * kc[sj, c]
+        sc[j] = s * scale
+    softmax(sc[:n])
+    for c in range(hd):
+        y[c] = 0.0
+    for j in range(n):
+        sj = (t - n + 1 + j) % W
+        p = sc[j]
+        for c in range(hd):
+            y[c] += p * vc[sj, c]
+
+
+@numba.njit(**JIT)
+def attend(q, kc, vc, t, sc, y):
+    """Attention at position t, head by head (:func:`attend_head`): kc, vc (NH, W, hd) the
+    per-head ring buffers, q / y (NH * hd,), sc (>= W,) scratch."""
+    NH, W, hd = kc.shape
+    for hh in range(NH):
+        attend_head(q[hh * hd:(hh + 1) * hd], kc[hh], vc[hh], t, sc, y[hh * hd:(hh + 1) * hd])
+
+
+@numba.njit(**JIT)
+def store_kv(kc, vc, uz, D, slot):
+    """The token's key and value (uz[D:2D], uz[2D:3D]) into slot ``slot`` of the per-head
+    ring buffers kc, vc (NH, W, hd)."""
+    NH, W, hd = kc.shape
+    for hh in range(NH):
+        for c in range(hd):
+            kc[hh, slot, c] = uz[D + hh * hd + c]
+            vc[hh, slot, c] = uz[2 * D + hh * hd + c]
 
 
 @numba.njit(**JIT)
 def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out):
     """Sliding-window attention step of layer l (cache index ai) at position t."""
-    D, W, NH = G[G_D], G[G_WIN], G[G_NH]
+    D, W = G[G_D], G[G_WIN]
     xs = quant(G, xn, xq, xd, eps)
     bitlinear_then(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz, T[l, F_OUT], mat_bytes(G, D, D))
-    slot = t % W
-    for i in range(D):
-        kc[ai, slot, i] = uz[D + i]
-        vc[ai, slot, i] = uz[2 * D + i]
-    attend(uz[:D], kc[ai], vc[ai], t, NH, sc, y)
+    store_kv(kc[ai], vc[ai], uz, D, t % W)
+    attend(uz[:D], kc[ai], vc[ai], t, sc, y)
     xs = quant(G, y[:D], xq, xd, eps)
     bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, D, xq, xs, xd, out)
 

@@ -97,6 +97,8 @@ from tern.kernels.region_items import (
     REGION_DEPS,
     RP_ITEMS,
     RP_MIN_WEIGHTS,
+    attn_items,
+    attn_phase,
     dense_phase,
     end_solo,
     experts_phase,
@@ -128,7 +130,7 @@ def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool =
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
                         router_int8=True, region_router_split=True, region_scan_split=True,
-                        stream_prefetch=bool(stream_prefetch), stream=bool(stream))
+                        region_attn_split=True, stream_prefetch=bool(stream_prefetch), stream=bool(stream))
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)
@@ -199,13 +201,14 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
     ai, W = LI[l, L_STATE], G[G_WIN]
     p = mat_phase(ctr, p, n_items(G, rp, 3 * D, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 3 * D, D,
                   xq, scal[S_MIX], xd, uz, -1, -1, uz)
+    na = attn_items(G, D, G[G_NH])
+    if na > 1:  # heads over the threads, then the output's quantization as one item
+        p = attn_phase(ctr, p, na, uz, D, kc[ai], vc[ai], t, ops.carve_attn(work, G), y)
     mine = solo(ctr, p)
     if mine:
-        slot = t % W
-        for i in range(D):
-            kc[ai, slot, i] = uz[D + i]
-            vc[ai, slot, i] = uz[2 * D + i]
-        ops.attend(uz[:D], kc[ai], vc[ai], t, G[G_NH], sc, y)
+        if na == 1:
+            ops.store_kv(kc[ai], vc[ai], uz, D, t % W)
+            ops.attend(uz[:D], kc[ai], vc[ai], t, sc, y)
         scal[S_MIX] = ops.quant(G, y[:D], xq, xd, eps)
     p = end_solo(ctr, p, mine)
     return mat_phase(ctr, p, n_items(G, rp, D, D), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, D,

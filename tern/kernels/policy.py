@@ -59,6 +59,12 @@ REGION_ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes 
 # 244.4 / 228.4 -> 240.1 / 255.7 / 251.5; the sandbox (512 x 32, not split) 5,435 / 4,934 / 5,253
 # -> 5,215 / 5,486 / 5,290. Smaller scans were not measured split (a phase costs ~1-2 us).
 REGION_SCAN_MIN_WEIGHTS = 1 << 17
+# The one-region step splits an attention layer's heads over the threads (one item of whole heads per
+# thread; each stores its heads' key and value and attends them, then the output's quantization is a
+# single item) from this d_model on, and with at least two heads. The key / value caches are laid out
+# per head, (heads, window, head_dim), so a head reads contiguous rows, and every head runs one
+# compiled body (tern.kernels.ops.attend_head), which keeps the logits identical at any thread count.
+REGION_ATTN_MIN_D = 512
 # channels per scan item boundary: a multiple of every vector loop's step, so each channel's
 # arithmetic is the same whichever item runs it (no scalar remainder loop)
 REGION_SCAN_ALIGN = 64
@@ -78,7 +84,8 @@ class EnginePolicy:
     phase of their own (the top-k choice after it; engines before ran the router in the
     routing item, on one thread) and, with ``region_scan_split``, an SSM layer's selective scan
     over its channels, one item per thread, from REGION_SCAN_MIN_WEIGHTS (engines before ran
-    it in one item). ``router_int8``: an int8 router is read from the file at 1 byte a
+    it in one item) and, with ``region_attn_split``, an attention layer's heads over the
+    threads from REGION_ATTN_MIN_D (engines before ran attention in one item). ``router_int8``: an int8 router is read from the file at 1 byte a
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
     routers to an fp32 table at load and read 4 (so their rows are priced that way).
     ``stream_prefetch``: the streaming (one-row) kernel's software prefetch, chosen per host by
@@ -94,6 +101,7 @@ class EnginePolicy:
     router_int8: bool = False
     region_router_split: bool = False
     region_scan_split: bool = False
+    region_attn_split: bool = False
     stream_prefetch: bool = True
     stream: bool = True
 
@@ -139,7 +147,7 @@ class EnginePolicy:
 # today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
 CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True,
-                              region_scan_split=True)
+                              region_scan_split=True, region_attn_split=True)
 PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 

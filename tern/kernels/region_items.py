@@ -1,7 +1,8 @@
 """How the one-region step (tern.kernels.ops_region) shares a phase's work out: ``n_items``
 row ranges of a matrix (:func:`mat_phase`; the head and a MoE router: :func:`dense_phase`),
 a layer's chosen experts one per item (:func:`experts_phase`), the activation-skip down projection over output segments (:func:`skip_phase`),
-an SSM layer's selective scan over channel ranges (:func:`scan_phase`), and the single
+an SSM layer's selective scan over channel ranges (:func:`scan_phase`), an attention layer's
+heads (:func:`attn_phase`), and the single
 items the vector work between them runs in (:func:`solo` / :func:`end_solo`). Each item
 runs the single-thread kernels on its rows, so every row's arithmetic is the same as in
 tern.kernels.ops at any thread count."""
@@ -15,7 +16,12 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, f32, router_logits, u8
 from tern.kernels.kernels_ternary import COMPILED_SETTINGS, SEG_BYTES, _skip_segments, skip_groups
 from tern.kernels.ops import G_D, G_THREADS
-from tern.kernels.policy import REGION_ROW_ALIGN, REGION_SCAN_ALIGN, REGION_SCAN_MIN_WEIGHTS
+from tern.kernels.policy import (
+    REGION_ATTN_MIN_D,
+    REGION_ROW_ALIGN,
+    REGION_SCAN_ALIGN,
+    REGION_SCAN_MIN_WEIGHTS,
+)
 from tern.kernels.region import claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
@@ -159,6 +165,39 @@ def scan_phase(ctr, p, n, dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
         c0, c1 = item_rows(Di, n, i, REGION_SCAN_ALIGN)
         if c1 > c0:
             ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
+        finish(ctr, p)
+    wait_done(ctr, p, n)
+    return p + 1
+
+
+@numba.njit(cache=True)
+def attn_items(G, D, NH):
+    """Items an attention layer's heads are split into: one per thread (at most one a head)
+    from REGION_ATTN_MIN_D, else 1 (tern.predict.phases.attn_split counts the same)."""
+    if D < REGION_ATTN_MIN_D or NH < 2:
+        return 1
+    return max(1, min(G[G_THREADS], NH))
+
+
+@numba.njit(cache=True)
+def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
+    """Phase p: attention at position t in n items of whole heads. Each item stores its
+    heads' key and value (uz[D:2D], uz[2D:3D]) in slot t % W of the per-head caches kc, vc
+    (NH, W, hd), then runs ops.attend_head on each with its own scores row scs[i] (scs
+    (>= n, W)): the same values as ops.store_kv + ops.attend in one item."""
+    NH, W, hd = kc.shape
+    slot = t % W
+    while True:
+        i = claim(ctr, p)
+        if i >= n:
+            break
+        h0, h1 = item_rows(NH, n, i, 1)
+        for hh in range(h0, h1):
+            o = hh * hd
+            for c in range(hd):
+                kc[hh, slot, c] = uz[D + o + c]
+                vc[hh, slot, c] = uz[2 * D + o + c]
+            ops.attend_head(uz[o:o + hd], kc[hh], vc[hh], t, scs[i], y[o:o + hd])
         finish(ctr, p)
     wait_done(ctr, p, n)
     return p + 1

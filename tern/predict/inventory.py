@@ -33,7 +33,7 @@ from tern.kernels.policy import (
     act_skip_applies,
     stream_row_bytes,
 )
-from tern.predict.phases import region_phases, scan_split
+from tern.predict.phases import attn_split, region_phases, scan_split
 
 # expected fraction of nonzero gated-MLP hidden units (see the module docstring)
 HIDDEN_DENSITY = {"drelu": 0.25, "relu2": 0.5, "silu": 1.0}
@@ -220,7 +220,9 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
         else:
             _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb, policy=policy)  # q, k, v
             pos = min(ctx, cfg.attn_window)
-            _add(res, "attention", 1, 0, pos * D, pos * cfg.n_heads)  # units: position x d_model; tails: x heads
+            # units: position x d_model; tails: x heads. Split by the one-region step in items of whole heads
+            attn = WorkKey("attention", "items", cfg.n_heads) if attn_split(cfg, policy) else WorkKey("attention")
+            _add(res, attn, 1, 0, pos * D, pos * cfg.n_heads)
             _add(res, "vector", 1, 0, D)
             _matvec(res, cfg.mixer_format, D, D, 1, srb, policy=policy)  # out
         if cfg.is_moe(layer):
@@ -244,7 +246,7 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
         _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
              region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights,
-                           policy.region_scan_split))
+                           policy.region_scan_split, policy.region_attn_split))
     return WorkInventory(res, st, skip_res, skip_st)
 
 

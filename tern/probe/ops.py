@@ -139,9 +139,9 @@ def _drivers():
             ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
 
     @numba.njit(cache=True)
-    def attn(q, kc, vc, t, NH, sc, y, count):
+    def attn(q, kc, vc, t, sc, y, count):
         for _ in range(count):
-            ops.attend(q, kc, vc, t, NH, sc, y)
+            ops.attend(q, kc, vc, t, sc, y)
 
     @numba.njit(cache=True)
     def vector(x, g, xn, xq, count):
@@ -248,10 +248,10 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         return (lambda n: d["ssm"](dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
     if op == "attention":
         dm, nh, npos = shape
-        kc = rng.standard_normal((npos, dm)).astype(f32)
-        vc = rng.standard_normal((npos, dm)).astype(f32)
+        kc = rng.standard_normal((nh, npos, dm // nh)).astype(f32)  # per-head ring buffers, as the engine's
+        vc = rng.standard_normal((nh, npos, dm // nh)).astype(f32)
         q, sc, y = rng.standard_normal(dm).astype(f32), np.zeros(npos, f32), np.zeros(dm, f32)
-        return (lambda n: d["attn"](q, kc, vc, npos - 1, nh, sc, y, n)), 0, float(npos * dm)
+        return (lambda n: d["attn"](q, kc, vc, npos - 1, sc, y, n)), 0, float(npos * dm)
     if op == "vector":
         (length,) = shape
         x, g = rng.standard_normal(length).astype(f32), np.ones(length, f32)

@@ -300,8 +300,8 @@ class Engine:
         Di, N, K, D, W = cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.d_model, cfg.attn_window
         self.ssm_h = np.zeros((self.n_ssm, N, Di), np.float32)  # SSM states, transposed
         self.conv = np.zeros((self.n_ssm, K - 1, Di), np.float32)  # conv tails (oldest first)
-        self.kc = np.zeros((self.n_attn, W, D), np.float32)  # key ring buffers
-        self.vc = np.zeros((self.n_attn, W, D), np.float32)  # value ring buffers
+        kv = (self.n_attn, cfg.n_heads, W, D // cfg.n_heads)  # per head: contiguous (W, head_dim) blocks
+        self.kc, self.vc = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # key / value ring buffers
         self.pos = np.zeros(1, np.int64)  # tokens seen since reset
         nf, ni = ops.work_sizes(self.G)
         self.work = np.zeros(nf, np.float32)

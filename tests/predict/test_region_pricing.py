@@ -223,3 +223,36 @@ def test_split_flags_refuse_what_is_not_a_bool():
             EnginePolicy(**bad)
     with pytest.raises(ValueError, match="engine_policy must be a dict"):
         EnginePolicy.of_record({"engine_policy": {"region": True, "region_scan_splits": True}})  # a misspelt field
+
+
+def test_attention_heads_are_items_only_for_engines_that_split_them():
+    """The one-region step splits an attention layer's heads over the threads from
+    REGION_ATTN_MIN_D (one more phase per attention layer); engines before it, smaller models
+    and single-head attention keep it in one item."""
+    from tern.kernels.policy import REGION_ATTN_MIN_D
+    from tern.predict.phases import attn_split
+
+    big = load_config("sandbox").replace(d_model=REGION_ATTN_MIN_D, n_heads=8)
+    small = load_config("sandbox").replace(d_model=REGION_ATTN_MIN_D - 128)
+    one_head = big.replace(n_heads=1)
+    assert big.attn_layers and small.attn_layers
+
+    def attn_keys(c, policy):
+        res, _, _, _ = work_inventory(c, policy=policy)
+        return {(k.split, k.experts) for k in res if k.op == "attention"}
+
+    before = dataclasses.replace(CURRENT_POLICY, region_attn_split=False)
+    assert attn_keys(big, CURRENT_POLICY) == {("items", 8)} and attn_keys(big, before) == {("serial", 0)}
+    assert attn_keys(small, CURRENT_POLICY) == {("serial", 0)} == attn_keys(one_head, CURRENT_POLICY)
+    assert attn_split(big, CURRENT_POLICY) and not attn_split(big, before) and not attn_split(small, CURRENT_POLICY)
+    assert not attn_split(big, dataclasses.replace(CURRENT_POLICY, region=False))
+    n_attn = len(big.attn_layers)
+    assert region_phases(big, True, True, attn=True) == region_phases(big, True, True) + n_attn
+    assert region_phases(small, True, True, attn=True) == region_phases(small, True, True)
+    assert EnginePolicy.of_record({"engine_policy": {"region": True}}).region_attn_split is False
+    host = _host()  # at 2 threads the split attention is priced at half the whole one's plus a call
+    whole = work_breakdown(work_inventory(big, policy=before)[0], host, 2)["attention"]
+    split = work_breakdown(work_inventory(big, policy=CURRENT_POLICY)[0], host, 2)["attention"]
+    assert split < 0.6 * whole
+    assert work_breakdown(work_inventory(big, policy=CURRENT_POLICY)[0], host, 1)["attention"] == pytest.approx(
+        work_breakdown(work_inventory(big, policy=before)[0], host, 1)["attention"])

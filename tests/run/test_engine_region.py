@@ -38,6 +38,10 @@ VARIANTS = {
     # d_state 16) >= tern.kernels.policy.REGION_SCAN_MIN_WEIGHTS): one channel range per thread
     "scan_split": (SMALL.replace(d_model=1024, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
                                  vocab_size=300), {}),
+    # attention heads split over the threads (d_model >= tern.kernels.policy.REGION_ATTN_MIN_D): 9 heads,
+    # items of 5 and 4
+    "attn_split": (SMALL.replace(d_model=576, n_heads=9, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
+                                 vocab_size=300), {}),
     "wide": (SMALL.replace(d_model=256, mlp_hidden=768, vocab_size=1000, expert_hidden=128, shared_hidden=128,
                            n_heads=8, head_format="fp16", embed_format="fp16"), dict(stream="on")),
 }
@@ -87,7 +91,7 @@ def test_region_logits_identical_to_one_thread(files, variant):
     if kw.get("kernel", "ternary") == "ternary" and kw.get("moe_skip", True):  # the predictor counts the same
         pol = ops_region.ENGINE_POLICY
         assert used == region_phases(cfg, ops_region.SKIP_SEGMENTS, pol.region_router_split,
-                                     scan=pol.region_scan_split), variant
+                                     scan=pol.region_scan_split, attn=pol.region_attn_split), variant
 
 
 @needs_two
