@@ -113,14 +113,19 @@ def base_work_sizes(G):
     return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H + 2 * B3_PAD, wide + H
 
 
+@numba.njit(cache=True)
+def experts_work_size(G):
+    """float32 length of :func:`carve_experts`' scratch: K outputs, P slots of g, u, hd."""
+    D, H, P, K = G[G_D], G[G_HMAX], G[G_THREADS], G[G_TOPK_MAX]
+    return K * D + 3 * P * H + P * B3_PAD
+
+
 def work_sizes(G: np.ndarray) -> tuple[int, int]:
     """Lengths of the float32 and int8 scratch arrays the per-token step carves."""
     nf, ni = (int(v) for v in base_work_sizes(G))
-    D, H = int(G[G_D]), int(G[G_HMAX])
-    P, K = int(G[G_THREADS]), int(G[G_TOPK_MAX])
-    if P > 1:  # expert-parallel scratch (carve_experts): K outputs, P slots of g, u, hd / hq;
-        nf += K * D + 3 * P * H + P * B3_PAD  # then attention's scores per item of heads (carve_attn)
-        nf += P * int(G[G_WIN])
+    P, H = int(G[G_THREADS]), int(G[G_HMAX])
+    if P > 1:  # expert-parallel scratch (carve_experts; hq in iwork), then attention's scores (carve_attn)
+        nf += int(experts_work_size(G)) + P * int(G[G_WIN])
         ni += P * H
     return nf, ni
 
@@ -188,9 +193,8 @@ def carve_experts(work, iwork, G):
 def carve_attn(work, G):
     """The one-region step's attention scratch after carve_experts': per item of heads (at
     most one per thread) its W scores, (P, W) float32."""
-    D, H, P, K, W = G[G_D], G[G_HMAX], G[G_THREADS], G[G_TOPK_MAX], G[G_WIN]
-    o, _ = base_work_sizes(G)
-    o += K * D + 3 * P * H + P * B3_PAD
+    P, W = G[G_THREADS], G[G_WIN]
+    o = base_work_sizes(G)[0] + experts_work_size(G)
     return work[o:o + P * W].reshape(P, W)
 
 
@@ -424,14 +428,20 @@ def attend(q, kc, vc, t, sc, y):
 
 
 @numba.njit(**JIT)
+def store_kv_head(kc, vc, uz, D, hh, slot):
+    """Head hh's part of the token's key and value (uz[D:2D], uz[2D:3D]) into slot ``slot``
+    of the per-head ring buffers kc, vc (NH, W, hd)."""
+    hd = kc.shape[2]
+    for c in range(hd):
+        kc[hh, slot, c] = uz[D + hh * hd + c]
+        vc[hh, slot, c] = uz[2 * D + hh * hd + c]
+
+
+@numba.njit(**JIT)
 def store_kv(kc, vc, uz, D, slot):
-    """The token's key and value (uz[D:2D], uz[2D:3D]) into slot ``slot`` of the per-head
-    ring buffers kc, vc (NH, W, hd)."""
-    NH, W, hd = kc.shape
-    for hh in range(NH):
-        for c in range(hd):
-            kc[hh, slot, c] = uz[D + hh * hd + c]
-            vc[hh, slot, c] = uz[2 * D + hh * hd + c]
+    """Every head's key and value into slot ``slot`` (:func:`store_kv_head`)."""
+    for hh in range(kc.shape[0]):
+        store_kv_head(kc, vc, uz, D, hh, slot)
 
 
 @numba.njit(**JIT)

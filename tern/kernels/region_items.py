@@ -194,9 +194,7 @@ def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
         h0, h1 = item_rows(NH, n, i, 1)
         for hh in range(h0, h1):
             o = hh * hd
-            for c in range(hd):
-                kc[hh, slot, c] = uz[D + o + c]
-                vc[hh, slot, c] = uz[2 * D + o + c]
+            ops.store_kv_head(kc, vc, uz, D, hh, slot)
             ops.attend_head(uz[o:o + hd], kc[hh], vc[hh], t, scs[i], y[o:o + hd])
         finish(ctr, p)
     wait_done(ctr, p, n)
