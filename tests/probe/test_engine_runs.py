@@ -113,3 +113,16 @@ def test_render_engine_runs_shows_the_spread():
     lines = text.splitlines()
     assert "spread" in lines[0] and len(lines) == 3
     assert "50.0%" in lines[1] and " 3" in lines[1] and "0.0%" in lines[2]
+
+
+def test_a_profile_file_with_a_bad_engine_run_is_refused_on_load(tmp_path):
+    import json
+
+    from tern.predict.roofline import synthetic_profile
+
+    d = dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0), engine_runs=(_run(rounds=2, loop_max_s=2e-4),)).to_dict()
+    for bad, field in (({"rounds": 0}, "rounds"), ({"loop_max_s": 1e-5}, "loop_max_s"), ({"rounds": "3"}, "rounds")):
+        path = tmp_path / "hp.json"
+        path.write_text(json.dumps({**d, "engine_runs": [{**d["engine_runs"][0], **bad}]}))
+        with pytest.raises(ValueError, match=field):
+            HostProfile.load(path)
