@@ -28,7 +28,6 @@ activations, so nothing is read past a row or past ``xq`` and nothing is allocat
 from __future__ import annotations
 
 import functools
-import itertools
 
 import llvmlite.binding as llvm
 import numba
@@ -218,26 +217,26 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
                 ir.Constant(_I64, SEG_BYTES), False)
     def half_tail(seg_byte, seg_q):
         """The last segment when it is exactly 128 columns (32 bytes: d_model 384, 640, ...):
-        plain 32-byte loads and 256-bit dot products (single-pumped where 512-bit ones are
-        split in two), summed into each row's accumulators — no masks."""
+        plain 32-byte loads, no masks, zero-extended to the vector width and summed straight
+        into each row's accumulators. (It had kept 16 separate 256-bit tail accumulators: with
+        all 32 vector registers taken, LLVM spilled them through 64-byte stack slots of a
+        frame it does not realign, and where the process's stack put a slot across a cache line
+        every store-to-load forward failed: 4-row passes over 384 columns ran 1.9x slower in
+        one process than in the next, by stack depth alone. benchmarks/README.md.)"""
         v32 = ir.VectorType(_I8, 32)
-        pvs = [_load_vec(builder, rb, seg_byte, v32) for rb in row_bases]
-        tails = [[ir.Constant(_V8I32, None)] * 4 for _ in row_bases]
+
+        def widen(v):  # upper lanes 0: their codes and products are 0
+            if width == 32:
+                return v
+            return builder.shuffle_vector(v, ir.Constant(v32, [0] * 32), ir.Constant(ir.VectorType(_I32, 64),
+                                                                                     list(range(64))))
+
+        pvs = [widen(_load_vec(builder, rb, seg_byte, v32)) for rb in row_bases]
         for k in range(4):
-            q = _load_vec(builder, qbase, builder.add(seg_q, ir.Constant(_I64, 32 * k)), v32)
+            q = widen(_load_vec(builder, qbase, builder.add(seg_q, ir.Constant(_I64, 32 * k)), v32))
             for i, pv in enumerate(pvs):
-                c = codes_of(builder, pv, k, v32)
-                if isa == "avx512vnni":
-                    fn = _fn(builder.module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-                    tails[i][k] = builder.call(fn, [tails[i][k], builder.bitcast(c, _V8I32), builder.bitcast(q, _V8I32)])
-                else:  # avx512bw / avx2: vpmaddubsw + vpmaddwd on 256 bits
-                    tails[i][k] = _dot_step(builder, "avx2", tails[i][k], c, q)
-        for i, k in itertools.product(range(len(pvs)), range(4)):
-            t = tails[i][k]
-            if width == 64:  # widen to the 16-lane accumulator (upper lanes 0)
-                t = builder.shuffle_vector(t, ir.Constant(_V8I32, [0] * 8),
-                                           ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
-            builder.store(builder.add(builder.load(accs[i][k]), t), accs[i][k])
+                a = accs[i][k]
+                builder.store(_dot_step(builder, isa, builder.load(a), codes_of(builder, pv, k, vbytes), q), a)
 
     with builder.if_then(builder.icmp_signed(">", gtail, ir.Constant(_I64, 0))):
         seg_byte = builder.mul(nfull, ir.Constant(_I64, SEG_BYTES))
