@@ -23,7 +23,6 @@ alternating processes, each with its own ``NUMBA_CACHE_DIR``:
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,26 +78,31 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, root)
     import numpy as np
 
+    import tern
     from tern.core.config import get_preset
-    from tern.core.records import append_jsonl, run_metadata, summarize
+    from tern.core.records import append_jsonl, git_commit, run_metadata, summarize
     from tern.kernels import kernels_ternary as kt
     from tern.kernels.packing import random_ternary2
     from tern.measure.sweep import ensure_model
     from tern.run.engine import Engine
 
-    commit = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip()
+    if not Path(tern.__file__).resolve().is_relative_to(root):
+        ap.error(f"tern is already imported from {Path(tern.__file__).parent}, not from --code-root {root}: "
+                 "run each arm in its own process")
+    commit = git_commit()  # the checkout tern was imported from: the code root's
     base = {"benchmark": "stack_depth", "code_root": root, "code_commit": commit, "round": a.round,
             "repeats": a.repeats}
 
     def record(op, threads, per_depth, unit_calls):
+        meds = []
         for d, samples in enumerate(per_depth):
             s = summarize(samples)
+            meds.append(f"{s['median'] * 1e6:9.2f}")
             row = {**run_metadata(threads), **base, "op": op, "depth": d, "seconds_per_call": s,
                    "calls_per_sample": unit_calls}
             append_jsonl(a.out, row)
-        meds = " ".join(f"{summarize(x)['median'] * 1e6:9.2f}" for x in per_depth)
-        print(f"{commit:>8} {op:<28} t{threads} us by depth: {meds}", flush=True)
+        meds = " ".join(meds)
+        print(f"{commit[:7] + commit[40:]:>13} {op:<28} t{threads} us by depth: {meds}", flush=True)
 
     rng = np.random.default_rng(0)
     none = np.zeros((1, 0), np.uint8)

@@ -36,6 +36,7 @@ def test_rows_per_op_and_depth(sd, tmp_path, capsys):
     for r in rows:
         assert r["benchmark"] == "stack_depth" and r["seconds_per_call"]["repeats"] == 2
         assert r["code_root"] and r["threads"] == 1 and "git_commit" in r
+        assert r["code_commit"] == r["git_commit"]  # the checkout tern came from
     assert "us by depth" in capsys.readouterr().out
 
 
@@ -45,3 +46,10 @@ def test_bad_arguments_are_errors(sd, bad, tmp_path):
     with pytest.raises(SystemExit) as e:
         sd.main([*bad, "--out", str(tmp_path / "x.jsonl")])
     assert e.value.code == 2
+
+
+def test_a_code_root_other_than_the_imported_tern_is_refused(sd, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # tern is imported from this checkout already
+        sd.main(["--code-root", str(tmp_path), "--shapes", "--models", "--out", str(tmp_path / "x.jsonl")])
+    assert e.value.code == 2 and "already imported" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
