@@ -20,7 +20,8 @@ Per thread count, in one process: a warm-up, then ``--repeats`` interleaved runs
 category's seconds per token is the median over repeats. The instrumented total against (b)
 is the timers' own cost; (a) minus (b) is the Python per-token cost. One JSONL row per thread
 count (<results>/bench/op_breakdown.jsonl: tern.core.records.run_metadata, medians, spread, and
-the bandwidth utilisation of Engine.step: tern.measure.utilisation, against <results>/host_profile.json).
+the bandwidth utilisation of Engine.step: tern.measure.utilisation, against <results>/host_profile.json;
+at threads > 1 ``core_round_trip_ns``, the threads' cache-line round trip timed first: tern.probe.core_latency).
 
     .venv/bin/python benchmarks/op_breakdown.py [--model FILE.tern] [--threads 1 2]
 
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     from tern.measure.sweep import BUDGETS, ensure_model
     from tern.measure.utilisation import decode_utilisation
     from tern.probe.bandwidth import read_reference
+    from tern.probe.core_latency import round_trip_ns
     from tern.run.engine import Engine
 
     res = Path(args.results)
@@ -358,13 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         BUDGETS["30m"].replace(name="dram250", n_experts=64, top_k=52), res / "models")
     if args.compare:
         for t in args.threads:
+            trip = round_trip_ns() if t > 1 else None  # where the threads sit (tern.probe.core_latency)
             cfg, rows = compare_engines(path, args.compare, t, args.tokens, args.repeats, args.warmup)
             pc = param_counts(cfg)
             now = read_reference(pc.total.bytes, t)  # the read rate right after the runs
             for row in rows:
                 row.update({**run_metadata(threads=t), "benchmark": "engine_ab", "model": str(path),
                             "tokens": args.tokens, "repeats": args.repeats, "warmup": args.warmup,
-                            "active_bytes": pc.active.bytes})
+                            "active_bytes": pc.active.bytes, "core_round_trip_ns": trip})
                 row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host, now))
                 append_jsonl(res / "bench" / "engine_ab.jsonl", row)
                 print(json.dumps({"threads": t, "variant": row["variant"], "tok_per_s": round(row["tok_per_s"], 2),
@@ -374,20 +377,23 @@ def main(argv: list[str] | None = None) -> int:
                                   **{k: round(v / 2**20) for k, v in row["weights_mapping"].items()},
                                   "gbps_end_to_end": row["gbps_end_to_end"],
                                   "bandwidth_fraction": row["bandwidth_fraction"],
-                                  "fraction_of_read_now": round(row["bandwidth_fraction_same_run"], 3)}), flush=True)
+                                  "fraction_of_read_now": round(row["bandwidth_fraction_same_run"], 3),
+                                  "core_round_trip_ns": trip}), flush=True)
         return 0
     for t in args.threads:
         eng = Engine(path, threads=t, region=False)  # the step timed_token_step instruments
+        trip = round_trip_ns() if t > 1 else None
         b = breakdown(eng, args.tokens, args.repeats, args.warmup)
         pc = param_counts(eng.cfg)
         now = read_reference(pc.total.bytes, t)  # the read rate right after the runs
         row = {**run_metadata(threads=t), "benchmark": "op_breakdown", "model": str(path),
                "config": eng.cfg.to_dict(), "engine": eng.describe(), "active_bytes": pc.active.bytes,
                "total_bytes": pc.total.bytes, "tokens": args.tokens, "repeats": args.repeats,
-               "warmup": args.warmup, "tok_per_s": 1.0 / b["step_s"]["median"], **b}
+               "warmup": args.warmup, "tok_per_s": 1.0 / b["step_s"]["median"], "core_round_trip_ns": trip, **b}
         row.update(decode_utilisation(row["tok_per_s"], pc.active.bytes, pc.total.bytes, t, host, now))
         append_jsonl(res / "bench" / "op_breakdown.jsonl", row)
-        print(json.dumps({"threads": t, "tok_per_s": row["tok_per_s"], "step_ms": b["step_s"]["median"] * 1e3,
+        print(json.dumps({"threads": t, "tok_per_s": row["tok_per_s"], "core_round_trip_ns": trip,
+                          "step_ms": b["step_s"]["median"] * 1e3,
                           "gbps_end_to_end": row["gbps_end_to_end"], "bandwidth_fraction": row["bandwidth_fraction"],
                           "read_now_gbps": row["read_same_run"]["gbps_median"],
                           "fraction_of_read_now": row["bandwidth_fraction_same_run"],

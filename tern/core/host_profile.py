@@ -16,8 +16,8 @@ from typing import Any
 from tern.core.records import atomic_write_json
 
 FORMAT = "tern.host_profile"
-VERSION = 3  # 3: op_curves (kernel working-set curves), engine_runs; 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
-READABLE_VERSIONS = (1, 2, 3)  # version 1 lacks the spread fields: they load as unknown; < 3 has no op_curves
+VERSION = 4  # 4: engine runs carry the threads' round trip of each round; 3: op_curves (kernel working-set curves), engine_runs; 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
+READABLE_VERSIONS = (1, 2, 3, 4)  # version 1 lacks the spread fields: they load as unknown; < 3 has no op_curves
 
 
 @dataclass(frozen=True)
@@ -172,8 +172,17 @@ class EngineRun:
     repeats: int  # timed runs per round
     rounds: int = 1
     loop_max_s: float | None = None  # the slowest round's loop_s
+    # the threads' cache-line round trip (ns, tern.probe.core_latency) timed with each round, in
+    # order (None: not measured; empty before version 4); round_trip_ns: the fastest round's
+    round_trips_ns: tuple[float | None, ...] = ()
+    round_trip_ns: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "round_trips_ns", tuple(self.round_trips_ns))
+        for v in (*self.round_trips_ns, self.round_trip_ns):
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      and math.isfinite(v) and v > 0):
+                raise ValueError(f"engine run: a round trip must be a finite number > 0 ns or null, got {v!r}")
         for n in ("step_s", "loop_s"):
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

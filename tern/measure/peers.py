@@ -42,6 +42,7 @@ from tern.measure.peers_table import PER_MATRIX_ENGINE
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
+from tern.probe.core_latency import round_trip_ns
 
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
@@ -61,6 +62,7 @@ JSON_FIELDS = """\
       read_same_run {gbps_median, gbps_min, gbps_best, working_set_bytes, threads, repeats},
       bandwidth_fraction_same_run (of read_same_run's median),
       host_activity {foreign_cpu_frac, steal_frac: shares of all CPUs' time meanwhile (Linux)},
+      core_round_trip_ns (threads > 1: the threads' cache-line round trip timed just before; null: none),
       gguf {body, n_kv_heads} and llama_cpp {binary, build_commit, build_number, label} (llama.cpp),
       host, cpu, versions, git_commit, timestamp}]"""
 
@@ -250,14 +252,16 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               llama_bench: Path | None = None, llama_label: str | None = None,
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
-              read_now: ReadNow | None = read_reference, per_matrix: bool = False) -> dict[str, Any]:
+              read_now: ReadNow | None = read_reference, per_matrix: bool = False,
+              round_trip_now: Callable[[], float | None] | None = round_trip_ns) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
     tern rows run the engine's default (one parallel region per token at threads > 1);
     ``per_matrix``: at threads > 1 also a parallel region per large matrix
     (Engine(region=False): engine ``tern-per-matrix``).
     ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
-    before each engine's run: the rows' ``bandwidth_fraction_same_run``."""
+    before each engine's run: the rows' ``bandwidth_fraction_same_run``; at threads > 1
+    ``round_trip_now()`` (None: skipped) the threads' round trip: ``core_round_trip_ns``."""
     from tern.core.paths import results_dir
 
     if not threads or any(not isinstance(t, int) or t < 1 for t in threads):
@@ -272,6 +276,10 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
     note = "" if llama_bench else HOW_TO_GET_LLAMA
     rows: list[dict[str, Any]] = []
     errors: list[str] = []
+
+    def trip(t: int) -> dict[str, Any]:  # where the threads sit right now (tern.probe.core_latency)
+        return {"core_round_trip_ns": round_trip_now()} if t > 1 and round_trip_now is not None else {}
+
     for shape in shapes:
         _log(progress, f"peers {shape.name} ({shape.dims}): writing / finding the model files")
         tern_path = ensure_model(shape.cfg, models)
@@ -282,24 +290,27 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             _log(progress, f"peers {shape.name}: tern, {t} thread(s)")
             counts = tern_counts(shape.cfg)
             ref = read_now(counts["working_set_bytes"], t) if read_now else None
+            where = trip(t)
             m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens, repeats,
                                                               warmup))
             rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
-                             {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
+                             {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
             if per_matrix and t > 1:
                 _log(progress, f"peers {shape.name}: tern (a parallel region per matrix), {t} thread(s)")
                 ref = read_now(counts["working_set_bytes"], t) if read_now else None
+                where = trip(t)
                 m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens,
                                                                   repeats, warmup, region=False))
                 rows.append(_row(shape, PER_MATRIX_ENGINE, tern_path, t, m, counts, host,
-                                 {**run_metadata(t), **base, "engine_settings": m.get("engine")}, ref))
+                                 {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
                 append_jsonl(records, rows[-1])
             if gguf is None:
                 continue
             _log(progress, f"peers {shape.name}: llama.cpp, {t} thread(s)")
             counts = llama_counts(shape, body)
             ref = read_now(counts["working_set_bytes"], t) if read_now else None
+            where = trip(t)
             try:
                 lm = _measured(measure_llama, llama_bench, gguf, t, tokens, repeats)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:  # the other rows still count
@@ -310,7 +321,7 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
                   "build_number": lm.get("build_number"), "label": llama_label,
                   "model_size": lm.get("model_size"), "command": lm.get("command")}
             rows.append(_row(shape, "llama.cpp", gguf, t, lm, counts, host,
-                             {**run_metadata(t), **base, "llama_cpp": lc,
+                             {**run_metadata(t), **base, **where, "llama_cpp": lc,
                               "gguf": {"body": body, "n_kv_heads": shape.n_kv_heads or shape.cfg.n_heads}}, ref))
             append_jsonl(records, rows[-1])
     return {"bench": "peers", "records": str(records), "llama_bench": str(llama_bench) if llama_bench else None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tern.probe.core_latency import FAR_NS
+
 # rows of tern's one-region step beside per-matrix "tern" rows, from before it was the default
 REGION_ENGINE = "tern-region"
 # rows of the per-matrix step beside the default "tern" rows (tern.measure.peers.run_peers(per_matrix=True))
@@ -100,6 +102,11 @@ def render_peers(result: dict[str, Any]) -> str:
             if r.get("host_activity", {}).get("foreign_cpu_frac", 0) > BUSY_FRACTION]
     if busy:
         lines.append(f"disturbed (other processes used > {BUSY_FRACTION:.0%} of the CPUs meanwhile): " + ", ".join(busy))
+    far = [f"{r['shape']} {r['engine']} {r['threads']}t ({r['core_round_trip_ns']:.0f} ns)"
+           for r in latest_rows(result["rows"]) if (r.get("core_round_trip_ns") or 0) > FAR_NS]
+    if far:
+        lines.append(f"threads far apart (a cache-line round trip > {FAR_NS:.0f} ns timed just before: cores that "
+                     "share no L3; 2-thread figures of small models drop ~1.5x there): " + ", ".join(far))
     if result.get("note"):
         lines.append(result["note"])
     lines += [f"error: {e}" for e in result.get("errors", [])]

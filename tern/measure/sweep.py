@@ -32,6 +32,7 @@ from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import EnginePolicy
 from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
+from tern.probe.core_latency import round_trip_ns
 from tern.probe.curves import kernel_reference
 from tern.probe.profile import engine_policy
 
@@ -48,7 +49,7 @@ JSON_FIELDS = """\
             {gbps_median, ...} and host_read_ratio (the read rate timed before the point over
             the profile's at its total bytes), kernel_same_run {seconds_per_call, ...} and
             host_kernel_ratio (the 4-row ternary pass's speed then over the profile's),
-            reused (bool: read back from the records)}]
+            core_round_trip_ns (threads > 1: the threads' round trip then, ns), reused (bool)}]
   accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
 
 
@@ -70,11 +71,9 @@ BUDGETS: dict[str, ModelConfig] = {
 
 def experts_for_total_bytes(base: ModelConfig, total_bytes: float) -> int:
     """Routed experts per layer that bring ``base`` to about ``total_bytes`` packed."""
-    one = param_counts(base.replace(n_experts=max(base.top_k, 1)))
-    two = param_counts(base.replace(n_experts=max(base.top_k, 1) + 1))
-    per_expert = two.total.bytes - one.total.bytes
+    one, two = (param_counts(base.replace(n_experts=max(base.top_k, 1) + i)) for i in (0, 1))
     extra = max(total_bytes - one.total.bytes, 0)
-    return max(base.top_k, int(round(max(base.top_k, 1) + extra / per_expert)))
+    return max(base.top_k, int(round(max(base.top_k, 1) + extra / (two.total.bytes - one.total.bytes))))
 
 
 def fixed_active_family(budget: str, max_total_bytes: float = 2.2e9,
@@ -149,9 +148,8 @@ def model_hash(cfg: ModelConfig) -> str:
     return hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
 
 
-# A full sweep's samples: 5 per point, each >= 0.25 s of decoding. A 64-token run of the
-# small models lasts 5-30 ms, and one hiccup of a shared VM then decides a sample (seen on
-# this VM kind with 3 x 64 tokens: one point's samples 621 / 1,411 / 1,790 tok/s).
+# A full sweep's samples: 5 per point, each >= 0.25 s of decoding (a 64-token run of the small models
+# lasts 5-30 ms: one hiccup of a shared VM decided a sample, e.g. 621 / 1,411 / 1,790 tok/s).
 FULL_TIMING = {"repeats": 5, "min_time_s": 0.25}
 
 
@@ -221,15 +219,18 @@ KernelNow = Callable[[int, int, int], dict]  # (threads, rows, cols) -> tern.pro
 
 
 def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: ReadNow | None,
-             kernel_now: KernelNow | None = None) -> dict[str, Any]:
+             kernel_now: KernelNow | None = None,
+             round_trip_now: Callable[[], float | None] | None = None) -> dict[str, Any]:
     """The host timed right before a sweep point, against its probe: the read kernel at the
     point's working set (``read_now``; {read_same_run, host_read_ratio}: now / at the probe)
     and the engine's 4-row ternary pass on cache-resident matrices (``kernel_now``, with
     the shape of the profile's curve; {kernel_same_run, host_kernel_ratio}: speed now /
-    at the probe). Either skipped when None. A ratio away from 1 says the host runs
-    faster or slower than when it was probed (a shared VM drifts), which moves measured /
-    predicted by as much without any fault of the model."""
+    at the probe); at threads > 1 ``round_trip_now``'s ``core_round_trip_ns`` (where the threads'
+    cores sit: tern.probe.core_latency). None skips each. A ratio away from 1: the host runs faster or
+    slower than when probed (a shared VM drifts), moving measured / predicted with no fault of the model."""
     out: dict[str, Any] = {}
+    if threads > 1 and round_trip_now is not None:
+        out["core_round_trip_ns"] = round_trip_now()
     if read_now is not None:
         ref = read_now(max(int(working_set_bytes), 4096), threads)
         out.update(read_same_run=dict(ref), host_read_ratio=None)
@@ -248,10 +249,10 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
               host: HostProfile, measure: Measure = measure_in_subprocess,
               progress: bool = True, keep_models: bool = True,
               read_now: ReadNow | None = read_reference,
-              kernel_now: KernelNow | None = kernel_reference) -> list[dict[str, Any]]:
+              kernel_now: KernelNow | None = kernel_reference,
+              round_trip_now: Callable[[], float | None] | None = round_trip_ns) -> list[dict[str, Any]]:
     """Measure every point not already in ``records``; returns all points' rows in order. Before each measured
-    point :func:`host_now` times the host's read rate at the model's total bytes (``read_now``, default
-    tern.probe.bandwidth.read_reference) and cores' speed (``kernel_now``, curves.kernel_reference); None skips."""
+    point :func:`host_now` times the host (``read_now``, ``kernel_now``, ``round_trip_now``; None skips each)."""
     from tqdm.auto import tqdm
 
     records, models_dir = Path(records), Path(models_dir)
@@ -269,7 +270,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         bar.set_postfix_str(f"{p.config.name} t{p.threads}")
         path = ensure_model(p.config, models_dir)
         pc = param_counts(p.config)
-        now = host_now(host, pc.total.bytes, p.threads, read_now, kernel_now)
+        now = host_now(host, pc.total.bytes, p.threads, read_now, kernel_now, round_trip_now)
         t0 = time.perf_counter()
         m = measure(path, p)
         policy = EnginePolicy.of_record(m) if "engine_policy" in m else engine_policy()  # what the engine split
@@ -337,26 +338,24 @@ def pair_summary(rows: list[dict[str, Any]], a: str = "105m", b: str = "206m") -
 
 
 def render_rows(rows: list[dict[str, Any]]) -> str:
-    """A text table of sweep points: predicted, measured, ratio, peak RSS, and the host
-    timed beside each point against its probe (read rate / kernel speed, now over then;
-    "-" where not timed)."""
-    head = (f"{'point':<24} {'thr':>3} {'total MB':>9} {'active MB':>9} {'pred tok/s':>10} "
-            f"{'meas tok/s':>10} {'ratio':>6} {'bound':>7} {'RSS MiB':>8} {'host read/kernel':>16}")
-    lines = [head]
+    """A text table of sweep points: predicted, measured, ratio, peak RSS, the threads' round trip
+    (ns) and the host timed beside each point against its probe (read rate / kernel speed, now
+    over then); "-" where not timed."""
+    lines = [f"{'point':<24} {'thr':>3} {'total MB':>9} {'active MB':>9} {'pred tok/s':>10} {'meas tok/s':>10} "
+             f"{'ratio':>6} {'bound':>7} {'RSS MiB':>8} {'trip ns':>7} {'host read/kernel':>16}"]
     for r in rows:
         now = "/".join(f"{r[k]:.2f}" if isinstance(r.get(k), (int, float)) else "-"
                        for k in ("host_read_ratio", "host_kernel_ratio"))
+        trip = f"{r['core_round_trip_ns']:.0f}" if isinstance(r.get("core_round_trip_ns"), (int, float)) else "-"
         lines.append(f"{r['name'][:24]:<24} {r['threads']:>3} {r['total_bytes'] / 1e6:9.1f} "
                      f"{r['active_bytes'] / 1e6:9.2f} {r['predicted_tok_per_s']:10.1f} "
                      f"{r['tok_per_s']:10.1f} {r['ratio']:6.2f} {r['predicted_bound']:>7} "
-                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f} {now:>16}")
+                     f"{r.get('peak_rss_bytes', 0) / 2**20:8.0f} {trip:>7} {now:>16}")
     return "\n".join(lines)
 
 
-# ---- per-host calibration -------------------------------------------------------------------
-# Two measurements fix the roofline's two calibration constants (tern.predict.roofline docstring):
-# a tiny model whose bytes and ops are negligible gives the fixed per-token overhead, and a
-# DRAM-bound model (~80 MB per token) gives the fraction of read bandwidth the engine attains.
+# ---- per-host calibration: a tiny model (negligible bytes and ops) gives the fixed per-token overhead,
+# a DRAM-bound one (~80 MB per token) the fraction of read bandwidth the engine attains (tern.predict.roofline).
 CALIBRATION_TINY = ModelConfig(name="calib-tiny", vocab_size=256, d_model=64, n_layers=1,
                                mlp_hidden=64, n_heads=2)
 

@@ -19,7 +19,9 @@ A shared VM does not hold still: in session 26 one probe caught both context mod
 85 / 130), which priced every 2-thread prediction of that host 1.75x too slow. So the
 probe times the models in rounds spread over its minutes (:class:`EngineRunRounds`: one
 round after the streaming-kernel choice, one after the op costs, one after the kernel
-curves) and keeps each model's fastest round, with the slowest beside it.
+curves) and keeps each model's fastest round, with the slowest beside it. Session 29 found
+what the slow spells are on that VM: placements of its two vCPUs (tern.probe.core_latency),
+so each round records the threads' cache-line round trip beside its times.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tern.core.config import ModelConfig
 from tern.core.engine_tuning import for_threads
 from tern.core.host_profile import EngineRun
 from tern.packed.writer import random_model
+from tern.probe.core_latency import round_trip_ns
 from tern.run.engine import Engine
 from tern.run.timing import time_in_numba, time_steps
 
@@ -87,6 +90,8 @@ class EngineRunRounds:
                 time_in_numba(eng, toks[:max(warmup, 1)])
                 self._jobs.append((cfg, t, eng, toks))
         self._rounds: list[list[tuple[float, float]]] = []  # per round, per job: (step_s, loop_s)
+        self._round_trips: list[float | None] = []  # per round: the threads' round trip (ns), when threads > 1
+        self._pair = max(threads) > 1
 
     def round(self, progress: bool = False) -> None:
         """Time every (model, threads) once more: medians of ``repeats`` runs of ``tokens``."""
@@ -95,6 +100,7 @@ class EngineRunRounds:
         if not self._jobs:
             raise RuntimeError("engine runs: closed")
         out = []
+        self._round_trips.append(round_trip_ns() if self._pair else None)  # where the threads sit this round
         for _, _, eng, toks in tqdm(self._jobs, desc=f"engine runs, round {len(self._rounds) + 1}", unit="run",
                                     disable=not progress, leave=False, file=sys.stderr):
             step = statistics.median(time_steps(eng, toks) for _ in range(self.repeats))
@@ -104,16 +110,19 @@ class EngineRunRounds:
 
     def runs(self) -> list[EngineRun]:
         """One EngineRun per (model, threads): the fastest round's medians (step and loop
-        each), the slowest round's loop beside them."""
+        each), the slowest round's loop beside them; at threads > 1 the threads' round trip
+        of every round and of the fastest."""
         if not self._rounds:
             raise RuntimeError("engine runs: no round timed yet")
         out = []
         for j, (cfg, t, _, _) in enumerate(self._jobs):
             steps = [r[j][0] for r in self._rounds]
             loops = [r[j][1] for r in self._rounds]
+            trips = tuple(self._round_trips) if t > 1 else ()
             out.append(EngineRun(config=cfg.to_dict(), threads=t, step_s=min(steps), loop_s=min(loops),
                                  tokens=self.tokens, repeats=self.repeats, rounds=len(self._rounds),
-                                 loop_max_s=max(loops)))
+                                 loop_max_s=max(loops), round_trips_ns=trips,
+                                 round_trip_ns=trips[loops.index(min(loops))] if trips else None))
         return out
 
     def close(self) -> None:
@@ -143,10 +152,13 @@ def measure_engine_runs(threads: tuple[int, ...] = (1,), tokens: int = 128, repe
 
 def render_engine_runs(runs: tuple[EngineRun, ...] | list[EngineRun]) -> str:
     """A table of the engine runs: us per token from Python and inside numba (fastest
-    round), the slowest round's numba figure and the spread between them."""
-    lines = [f"{'model':<12} {'thr':>3} {'step us':>8} {'loop us':>8} {'slowest':>8} {'spread':>7} {'rounds':>6}"]
+    round), the slowest round's numba figure, the spread between them and, at threads > 1,
+    the threads' round trip in each round (ns; tern.probe.core_latency)."""
+    lines = [f"{'model':<12} {'thr':>3} {'step us':>8} {'loop us':>8} {'slowest':>8} {'spread':>7} {'rounds':>6}"
+             "  round trips ns"]
     for r in runs:
         slow = r.loop_s if r.loop_max_s is None else r.loop_max_s
+        trips = " ".join("-" if v is None else f"{v:.0f}" for v in r.round_trips_ns)
         lines.append(f"{r.config.get('name', '?'):<12} {r.threads:>3} {r.step_s * 1e6:>8.1f} {r.loop_s * 1e6:>8.1f} "
-                     f"{slow * 1e6:>8.1f} {100 * (slow / r.loop_s - 1):>6.1f}% {r.rounds:>6}")
+                     f"{slow * 1e6:>8.1f} {100 * (slow / r.loop_s - 1):>6.1f}% {r.rounds:>6}  {trips}".rstrip())
     return "\n".join(lines)

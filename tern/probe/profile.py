@@ -249,6 +249,10 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                   "repeat_order": "rounds"},  # each curve's repeats interleaved, see sweep()
         "probe_wall_s": round(time.perf_counter() - t0, 2),
     })
+    if most > 1:  # where the threads' cores sit (tern.probe.core_latency): it moves every 2-thread figure
+        from tern.probe.core_latency import measure_round_trip
+
+        host["core_round_trip"] = measure_round_trip()
     if stream_pf is not None:
         host["stream_prefetch"] = stream_pf  # the A/B and its choice per thread count (engine_policy: the largest)
         stream_pf["tuning_path"] = str(save_tuning({

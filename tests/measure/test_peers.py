@@ -106,9 +106,14 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
         return {"gbps_median": 50.0 * threads, "gbps_min": 40.0, "gbps_best": 60.0, "working_set_bytes": ws,
                 "threads": threads, "repeats": 3}
 
+    trips = iter([356.0, 53.0])
     res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=64, repeats=3, warmup=4, llama_bench=exe,
-                    llama_label="test build", host=host, measure_tern=fake_tern, progress=False, read_now=read_now)
+                    llama_label="test build", host=host, measure_tern=fake_tern, progress=False, read_now=read_now,
+                    round_trip_now=lambda: next(trips))
     rows = res["rows"]
+    # the threads' round trip is timed before each 2-thread run of either engine, and only there
+    assert [r.get("core_round_trip_ns") for r in rows] == [None, None, 356.0, 53.0]
+    assert "core_round_trip_ns" not in rows[0]
     assert [t for _, t in reads] == [1, 1, 2, 2] and reads[0][0] == rows[0]["working_set_bytes"]
     assert reads[1][0] == rows[1]["working_set_bytes"]  # llama.cpp's own file size
     for r in rows:
@@ -138,6 +143,7 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     assert table[0]["by_threads"][1]["tern_over_llama"] == pytest.approx(200.0 / 110.0)
     text = render_peers(res)
     assert "tiny" in text and "1.82" in text and "now llama" in text
+    assert "threads far apart" in text and "tiny tern 2t (356 ns)" in text and "llama.cpp 2t (53" not in text
     assert table[0]["by_threads"][2]["tern"]["fraction_now"] == rows[2]["bandwidth_fraction_same_run"]
     assert len(peers_rows(tmp_path / "res")) == 4
     fig = plot_peers(rows, host)

@@ -330,6 +330,7 @@ def test_full_sweep_points_time_every_sample_long_enough():
 
 def test_sweep_rows_carry_the_host_timed_before_each_point(tmp_path):
     from tern.core.host_profile import OpCurve
+    from tern.measure.sweep import render_rows
 
     calls, kcalls = [], []
 
@@ -349,8 +350,11 @@ def test_sweep_rows_carry_the_host_timed_before_each_point(tmp_path):
     h = dataclasses.replace(host(), op_curves=curves)
     pts = [SweepPoint("fixed_active", "t", TINY, t, tokens=4) for t in (1, 2)]
     measure = lambda p, q: {"tok_per_s": 50.0, "repeats": 3}  # noqa: E731
+    trips = []
     rows = run_sweep(pts, tmp_path / "rec.jsonl", tmp_path / "m", h, measure=measure, progress=False,
-                     read_now=fake_read, kernel_now=fake_kernel)
+                     read_now=fake_read, kernel_now=fake_kernel, round_trip_now=lambda: trips.append(1) or 356.0)
+    assert len(trips) == 1 and "core_round_trip_ns" not in rows[0] and rows[1]["core_round_trip_ns"] == 356.0
+    assert render_rows(rows).splitlines()[2].split()[-2] == "356" and render_rows(rows).splitlines()[1].split()[-2] == "-"
     total = param_counts(TINY).total.bytes
     assert calls == [(total, 1), (total, 2)] and kcalls == [(1, 1024, 1024), (2, 1024, 1024)]
     for r in rows:
@@ -358,8 +362,9 @@ def test_sweep_rows_carry_the_host_timed_before_each_point(tmp_path):
         assert r["host_read_ratio"] == pytest.approx(10.0 / h.bandwidth_at(total, r["threads"]))
         assert r["host_kernel_ratio"] == pytest.approx(0.5) and r["kernel_same_run"]["seconds_per_call"] == 2e-5
     bare = run_sweep(pts, tmp_path / "rec2.jsonl", tmp_path / "m", h, measure=measure, progress=False,
-                     read_now=None, kernel_now=None)
-    assert all(not ({"host_read_ratio", "read_same_run", "host_kernel_ratio"} & set(r)) for r in bare)
+                     read_now=None, kernel_now=None, round_trip_now=None)
+    assert all(not ({"host_read_ratio", "read_same_run", "host_kernel_ratio", "core_round_trip_ns"} & set(r))
+               for r in bare)
     # a profile without kernel curves (version < 3): no kernel ratio, the read ratio stays
     old = run_sweep(pts[:1], tmp_path / "rec3.jsonl", tmp_path / "m", host(), measure=measure, progress=False,
                     read_now=fake_read, kernel_now=fake_kernel)

@@ -39,6 +39,8 @@ def test_each_model_keeps_its_fastest_round(monkeypatch):
 
     monkeypatch.setattr(er, "time_steps", fake)
     monkeypatch.setattr(er, "time_in_numba", fake)
+    trips = iter([340.0, 55.0, 60.0])  # the threads' round trip of each round (ns)
+    monkeypatch.setattr(er, "round_trip_ns", lambda: next(trips))
     with EngineRunRounds((1, 2), tokens=8, repeats=repeats, warmup=1, models=(TINY,)) as rounds:
         for _ in range(3):
             rounds.round()
@@ -48,6 +50,9 @@ def test_each_model_keeps_its_fastest_round(monkeypatch):
         assert r.rounds == 3 and r.repeats == repeats and r.tokens == 8
         assert r.loop_s == pytest.approx(1e-4) and r.step_s == pytest.approx(1e-4)
         assert r.loop_max_s == pytest.approx(3e-4)
+    one, two = runs
+    assert (one.round_trips_ns, one.round_trip_ns) == ((), None)  # one thread: no pair to time
+    assert two.round_trips_ns == (340.0, 55.0, 60.0) and two.round_trip_ns == 340.0  # the fastest round's (the first)
 
 
 def test_rounds_time_the_real_engine_and_clean_up():
@@ -108,11 +113,28 @@ def test_profiles_with_and_without_rounds_load(tmp_path):
     assert [(r.rounds, r.loop_max_s) for r in old.engine_runs] == [(1, None), (1, None)]
 
 
+def test_engine_runs_carry_valid_round_trips(tmp_path):
+    from tern.predict.roofline import synthetic_profile
+
+    r = _run(threads=2, rounds=2, loop_max_s=2e-4, round_trips_ns=[356.0, None], round_trip_ns=356.0)
+    assert r.round_trips_ns == (356.0, None)  # a list from JSON becomes a tuple
+    prof = dataclasses.replace(synthetic_profile(32 << 20, 100.0, 20.0), engine_runs=(r,))
+    prof.save(tmp_path / "hp.json")
+    assert HostProfile.load(tmp_path / "hp.json").engine_runs == (r,)
+    for bad in ({"round_trip_ns": 0.0}, {"round_trip_ns": float("inf")}, {"round_trips_ns": (True,)},
+                {"round_trips_ns": ("50",)}, {"round_trip_ns": -3.0}):
+        with pytest.raises(ValueError, match="round trip"):
+            _run(threads=2, **bad)
+
+
 def test_render_engine_runs_shows_the_spread():
     text = render_engine_runs([_run(rounds=3, loop_max_s=1.5e-4), _run(threads=2)])
     lines = text.splitlines()
     assert "spread" in lines[0] and len(lines) == 3
     assert "50.0%" in lines[1] and " 3" in lines[1] and "0.0%" in lines[2]
+    assert "round trips" in lines[0]
+    two = render_engine_runs([_run(threads=2, rounds=2, loop_max_s=1e-4, round_trips_ns=(356.0, None))])
+    assert two.splitlines()[1].endswith("356 -")
 
 
 def test_a_profile_file_with_a_bad_engine_run_is_refused_on_load(tmp_path):

@@ -4,11 +4,13 @@ No timing assertions: speed is reported by `tern probe`, not tested."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -424,7 +426,7 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     f = tmp_path / "hp.json"
     prof.save(f)
     d = json.loads(f.read_text())
-    assert d["version"] == host_profile.VERSION == 3
+    assert d["version"] == host_profile.VERSION == 4
     assert len(d["bandwidth"][0]["runs_gbps"]) == 3 and "gbps_min" in d["bandwidth"][0]
     loaded = HostProfile.load(f)
     assert loaded == prof and isinstance(loaded.bandwidth[0].runs_at_s, tuple)
@@ -438,9 +440,9 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     assert old.bandwidth[0].gbps_min is None and old.bandwidth[0].runs_gbps == ()
     assert old.bandwidth[0].span_s is None
     assert plateaus.plateau_table(old) == plateaus.plateau_table(prof)
-    d["version"] = 4
+    d["version"] = 5  # a newer tern's file
     f.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="version 4 is not supported"):
+    with pytest.raises(ValueError, match="version 5 is not supported"):
         HostProfile.load(f)
 
 
@@ -569,10 +571,33 @@ def test_tiny_probe_round_trips(tmp_path, monkeypatch):
     assert set(plateaus.plateau_table(loaded)[1]) == {"L1", "L2", "L3", "DRAM"}
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+def test_a_two_thread_probe_records_where_the_threads_sit(tmp_path):
+    sweep = SweepConfig(min_ws_bytes=4 * KIB, max_ws_bytes=8 * KIB, points_per_octave=1, kernels=("read",),
+                        thread_counts=(1, 2), timing=TINY_TIMING)
+    cfg = probe.ProbeConfig(sweep=sweep, kernel_names=(), quick=True, sys_root=str(FIX / "sys_ryzen5_3600x"),
+                            op_costs=False, op_curves=False, engine_runs=False)
+    out = tmp_path / "hp.json"
+    prof = probe.run_probe(cfg, out=out, progress=False, tuning=False)
+    trip = prof.host["core_round_trip"]
+    assert trip["round_trip_ns"] > 0 and trip["far"] == (trip["round_trip_ns"] > 150)
+    assert HostProfile.load(out).host["core_round_trip"] == trip
+    from tern.probe.cli import cli_render
+
+    text = cli_render({"profile_path": str(out), "cpu_model": "x", "mode": "quick", "wall_s": 1.0,
+                       "read_kernel_simd": "avx2"})
+    assert f"threads' round trip: {trip['round_trip_ns']:.0f} ns" in text
+    one = probe.run_probe(dataclasses.replace(cfg, sweep=dataclasses.replace(sweep, thread_counts=(1,))),
+                          progress=False, tuning=False)
+    assert "core_round_trip" not in one.host  # one thread: no pair to time
+
+
 def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     from tern.cli import main
+    from tern.probe import cli as probe_cli
 
     monkeypatch.setattr(probe, "probe_config", _tiny_config)
+    monkeypatch.setattr(probe_cli, "probe_config", _tiny_config)  # the CLI's own reference, bound at its import
     out = tmp_path / "hp.json"
     assert main(["probe", "--json", "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
