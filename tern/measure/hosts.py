@@ -35,6 +35,7 @@ from tern.core.records import atomic_write_json, atomic_write_text, read_jsonl, 
 from tern.kernels.policy import EnginePolicy
 from tern.predict.pools import decoded_context
 from tern.predict.roofline import predict
+from tern.probe.core_latency import FAR_NS
 
 TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within"
 REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
@@ -42,7 +43,7 @@ ROW_KEYS = ("kind", "family", "budget", "name", "config", "threads", "tokens", "
             "tok_per_s", "tok_per_s_min", "tok_per_s_max", "samples_tok_per_s", "hot_bytes", "active_bytes",
             "total_bytes", "peak_rss_bytes", "git_commit", "timestamp", "versions", "engine_policy",
             "min_time_s", "runs_per_sample", "read_same_run", "host_read_ratio", "kernel_same_run",
-            "host_kernel_ratio")
+            "host_kernel_ratio", "core_round_trip_ns")
 # the host's read rate or kernel speed timed beside a point differs from its probe's by more than this: "drifted"
 DRIFT_TOLERANCE = 0.15
 DRIFT_SHARE = 0.2  # ... at this share of the points or more: the verdict says the host drifted
@@ -176,7 +177,8 @@ def repredict(rows: list[dict[str, Any]] | tuple[dict[str, Any], ...], profile: 
                     "measured_tok_per_s": float(r["tok_per_s"]), "predicted_tok_per_s": p.tok_per_s,
                     "ratio": float(r["tok_per_s"]) / p.tok_per_s, "hot_bytes": p.hot_bytes,
                     "region": region_of(p.hot_bytes, llc), "model": p.model,
-                    "host_read_ratio": r.get("host_read_ratio"), "host_kernel_ratio": r.get("host_kernel_ratio")})
+                    "host_read_ratio": r.get("host_read_ratio"), "host_kernel_ratio": r.get("host_kernel_ratio"),
+                    "core_round_trip_ns": r.get("core_round_trip_ns")})
     return out
 
 
@@ -203,6 +205,24 @@ def drift_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
             "within_20pct_steady": _summary(steady)["within_20pct"] if steady else None}
 
 
+def placement_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The multi-thread points split by where the threads sat when each was measured (its
+    ``core_round_trip_ns``, tern.probe.core_latency): "near" (a cache line's round trip under
+    FAR_NS: cores sharing a cache) and "far"; per side the accuracy (:func:`_summary`) and
+    the median round trip. None when no multi-thread point carries a round trip (rows from
+    before it was recorded, or a host with one thread)."""
+    pts = [p for p in points if p["threads"] > 1 and isinstance(p.get("core_round_trip_ns"), (int, float))]
+    if not pts:
+        return None
+    out = {}
+    for side, keep in (("near", lambda ns: ns < FAR_NS), ("far", lambda ns: ns >= FAR_NS)):
+        part = [p for p in pts if keep(p["core_round_trip_ns"])]
+        if part:
+            out[side] = {**_summary(part),
+                         "median_round_trip_ns": statistics.median(p["core_round_trip_ns"] for p in part)}
+    return out
+
+
 def _summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [abs(p["ratio"] - 1.0) for p in points]
     return {"n": len(points), "within_20pct": sum(e <= TARGET_WITHIN for e in errs) / len(errs) if errs else None,
@@ -217,6 +237,7 @@ def accuracy_report(points: list[dict[str, Any]], worst: int = 3) -> dict[str, A
                         if any(p["region"] == reg for p in points)}
     rep["worst"] = sorted(points, key=lambda p: -abs(p["ratio"] - 1.0))[:worst]
     rep["host_drift"] = drift_summary(points)
+    rep["by_placement"] = placement_summary(points)
     return rep
 
 
@@ -244,8 +265,14 @@ def render_hosts_report(rep: dict[str, Any]) -> str:
         for reg, s in a["by_region"].items():
             lines.append(f"    {reg:<15} n={s['n']:<3} within +-20 %: {100 * s['within_20pct']:.0f} %  "
                          f"median |error| {100 * s['median_abs_err']:.1f} %")
+        for side, s in (a.get("by_placement") or {}).items():
+            lines.append(f"    {side} threads   n={s['n']:<3} within +-20 %: {100 * s['within_20pct']:.0f} %  "
+                         f"median |error| {100 * s['median_abs_err']:.1f} %  (round trip "
+                         f"{s['median_round_trip_ns']:.0f} ns)")
         for w in a["worst"]:
-            lines.append(f"    worst: {w['name']} t{w['threads']} ratio {w['ratio']:.3f} ({w['region']})")
+            trip = w.get("core_round_trip_ns")
+            trip = f", threads {trip:.0f} ns apart" if isinstance(trip, (int, float)) and w["threads"] > 1 else ""
+            lines.append(f"    worst: {w['name']} t{w['threads']} ratio {w['ratio']:.3f} ({w['region']}{trip})")
         if "calibrated" in e:
             c = e["calibrated"]
             lines.append(f"  calibrated: {100 * c['within_20pct']:.0f} % within +-20 %, median |error| "

@@ -16,6 +16,7 @@ from tern.measure.hosts import (
     hosts_root,
     load_hosts,
     region_of,
+    render_hosts_report,
     repeatability,
     repredict,
     save_host,
@@ -417,3 +418,23 @@ def test_a_site_install_has_no_committed_hosts_and_plots_this_machine_alone(monk
     fig = plot_hosts({"this machine (now)": here, **{h.label: repredict(h.rows, h.profile) for h in load_hosts()}})
     drawn = [ax for ax in fig.axes if ax.lines or ax.collections]
     assert len(drawn) == 1 and "this machine" in drawn[0].get_title()
+
+
+def test_two_thread_points_are_split_by_where_the_threads_sat():
+    # two 2-thread points measured with the threads near (cores sharing a cache), two far
+    # apart, one with no round trip recorded (older rows), and a 1-thread point (never split)
+    pts = [{"name": n, "threads": t, "ratio": r, "region": "cache-resident", "core_round_trip_ns": ns}
+           for n, t, r, ns in (("a", 2, 1.02, 64.0), ("b", 2, 0.95, 70.0), ("c", 2, 0.70, 350.0),
+                               ("d", 2, 0.90, 360.0), ("e", 2, 0.5, None), ("f", 1, 1.0, 400.0))]
+    rep = accuracy_report(pts)
+    near, far = rep["by_placement"]["near"], rep["by_placement"]["far"]
+    assert near["n"] == 2 and near["within_20pct"] == 1.0 and near["median_round_trip_ns"] == pytest.approx(67.0)
+    assert far["n"] == 2 and far["within_20pct"] == pytest.approx(0.5)
+    assert far["median_abs_err"] == pytest.approx(0.2) and far["median_round_trip_ns"] == pytest.approx(355.0)
+    text = render_hosts_report({"h": {"meta": {"cpu": "x"}, "probe_only": rep}})
+    assert "near threads" in text and "far threads" in text and "(round trip 355 ns)" in text
+    assert "worst: e t2 ratio 0.500 (cache-resident)" in text  # no round trip: nothing invented
+    assert "worst: c t2 ratio 0.700 (cache-resident, threads 350 ns apart)" in text
+    # only near points: no far side; none with a round trip: no split at all
+    assert set(accuracy_report(pts[:2])["by_placement"]) == {"near"}
+    assert accuracy_report(pts[4:])["by_placement"] is None
