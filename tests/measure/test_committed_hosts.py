@@ -205,6 +205,12 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     ("amd-epyc-zen4-s28", "105m", 2): 0.398,
     ("amd-epyc-zen4-s28", "206m", 2): 0.383,
     ("amd-epyc-zen4-s28", "d2560-L8-E64k1-h2560", 2): 0.166,
+    # the Intel Xeon VM in session 30 (code d78a6b3; 54 / 56 within, median 3.5 %, its repeat sweep 100 % within
+    # +-20 % of the first): the 10B pick (d1024-L12-E256k8-h1024, 406M active, eight 1024 x 1024 experts a layer)
+    # at 2 threads measured 227.3 tok/s against 195.2 (at 1 thread 131.4 against 124.7); the two sweep points
+    # that miss are the same kind, top-8 / top-16 of 64 experts at 2 threads (1.25 / 1.34x): the chosen experts
+    # as items of one phase run faster than the probe's 2-thread "experts" curves price them
+    ("intel-xeon-amx-s30", "d1024-L12-E256k8-h1024", 2): 0.165,
 }
 
 
@@ -263,15 +269,18 @@ def test_named_models_within_15_percent(label, point):
 
 def test_noisy_host_misses_are_its_own_spread():
     """A known miss blamed on the host's own spread carries a repeat sweep that shows it: the
-    host agreed with itself at fewer points than the target asks of predictions."""
-    noisy = [h for h in HOSTS if h.repeat_rows]
-    assert [h.label for h in noisy] == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23",
-                                        "amd-epyc-zen4-s23b", "amd-epyc-zen4-s24", "amd-epyc-zen4-s26",
-                                        "amd-epyc-zen4-s26b", "amd-epyc-zen4-s27",
-                                        "amd-epyc-zen4-s28"]
-    for h in noisy:
-        r = repeatability(h.rows, h.repeat_rows)
-        assert r["n"] >= 50 and r["within_20pct"] < WITHIN_SHARE and h.label in KNOWN_MISSES, (h.label, r)
+    host agreed with itself at fewer points than the target asks of predictions. A host whose
+    repeat sweep agrees with its first is held to the targets (no known-miss entry)."""
+    spread = {h.label: repeatability(h.rows, h.repeat_rows) for h in HOSTS if h.repeat_rows}
+    noisy = [lab for lab, r in spread.items() if r["within_20pct"] < WITHIN_SHARE]
+    assert noisy == ["amd-epyc-zen4-s20", "amd-epyc-zen4-s22", "amd-epyc-zen4-s23", "amd-epyc-zen4-s23b",
+                     "amd-epyc-zen4-s24", "amd-epyc-zen4-s26", "amd-epyc-zen4-s26b", "amd-epyc-zen4-s27",
+                     "amd-epyc-zen4-s28"]
+    for lab in noisy:
+        assert spread[lab]["n"] >= 50 and lab in KNOWN_MISSES, (lab, spread[lab])
+    steady = [lab for lab in spread if lab not in noisy]
+    assert steady == ["intel-xeon-amx-s30"]  # its repeat: 54 points, 100 % within +-20 % of the first
+    assert not set(steady) & set(KNOWN_MISSES)
 
 
 def test_every_named_miss_is_a_committed_point():
