@@ -174,6 +174,9 @@ def test_working_set_sizes():
         working_set_sizes(64 * KIB, 4 * KIB, 4)
     assert default_max_ws_bytes(32 * MIB) == 512 * MIB
     assert default_max_ws_bytes(256 * MIB) == 1024 * MIB
+    # a /sys L3 of a whole socket (the Intel Xeon VM's 480 MiB) sizes the sweep as 256 MiB would
+    assert default_max_ws_bytes(480 * MIB) == 1024 * MIB
+    assert default_max_ws_bytes(480 * MIB, quick=True) == 1024 * MIB
     assert 32 * MIB < default_max_ws_bytes(32 * MIB, quick=True) <= 512 * MIB
     assert format_bytes(4096) == "4 KiB" and format_bytes(1.5 * MIB) == "1.5 MiB"
 
