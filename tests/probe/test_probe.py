@@ -478,7 +478,7 @@ def test_probe_configs_quick_and_full(monkeypatch):
     assert q.sweep.max_ws_bytes >= 4 * 32 * MIB  # past the last-level cache
     f = probe.probe_config(quick=False, thread_counts=(1,), sys_root=fix)
     assert set(f.sweep.kernels) == {"read", "copy", "triad"} and f.sweep.points_per_octave == 4
-    assert len(f.sweep.sizes("read")) == 4 * 17 + 1 and len(f.sweep.sizes("copy")) == 2 * 17 + 1
+    assert len(f.sweep.sizes("read")) == 4 * 17 + 1 and len(f.sweep.sizes("copy")) == 17 + 1  # copy, triad: one per octave
     assert f.sweep.timing.min_time_s >= 0.1 and f.sweep.timing.repeats >= 3
     assert f.sweep.min_ws_bytes == 4 * KIB and f.sweep.max_ws_bytes >= 512 * MIB
     assert (1024, 1024) in f.kernel_sizes and f.kernel_names is None
