@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 # before torch loads libgomp (tern.train.model sets it too, but torch is imported first here)
-os.environ.setdefault("GOMP_SPINCOUNT", "2000")
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # as tern/__init__.py
 
 
 # profile categories: (label, op-name prefixes); everything else is "other torch ops"

@@ -38,7 +38,7 @@ from tern.train.environment import (
     training_device,
 )
 
-os.environ.setdefault("GOMP_SPINCOUNT", "2000")  # before torch loads libgomp: see tern/model/__init__.py
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # before torch loads libgomp: see tern/__init__.py
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -12,10 +12,10 @@ if "torch" in _sys.modules and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(
     import warnings as _warnings
 
     _warnings.warn("torch was imported before tern.train.model with the default OpenMP spin policy: "
-                   "CPU training may be several times slower. Set GOMP_SPINCOUNT=2000 (or "
+                   "CPU training may be several times slower. Set GOMP_SPINCOUNT=20000 (or "
                    "OMP_WAIT_POLICY=PASSIVE) in the environment, or import tern first.",
                    RuntimeWarning, stacklevel=2)
-_os.environ.setdefault("GOMP_SPINCOUNT", "2000")
+_os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # as tern/__init__.py
 
 from tern.train.model.generate import generate_ids, generate_torch  # noqa: E402
 from tern.train.model.lm import TernLM, build_model  # noqa: E402
