@@ -17,6 +17,7 @@ import os as _os
 # training e8 / e64 101 -> 83 / 122 -> 100 ms a step; sandbox training 3,777-3,841 -> 4,263-4,314
 # tok/s (same loss). Read when libgomp loads, so set before torch or numba start threads; a
 # user's value wins.
+USER_GOMP_SPINCOUNT = _os.environ.get("GOMP_SPINCOUNT")  # None: tern's value (peers run llama.cpp without it)
 _os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 __version__ = "0.1.0"

@@ -178,11 +178,24 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats
     """One ``llama-bench`` run (its own warm-up, then ``repeats`` of ``tokens`` tokens)."""
     cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
            "-r", str(repeats), "-o", "jsonl"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=llama_env())
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed on {gguf.name} ({threads} threads, exit {r.returncode}):\n"
                            f"{r.stderr[-2000:]}")
-    return {**parse_llama_bench(r.stdout), "command": " ".join(cmd)}
+    return {**parse_llama_bench(r.stdout), "command": " ".join(cmd),
+            "gomp_spincount": llama_env().get("GOMP_SPINCOUNT")}
+
+
+def llama_env() -> dict[str, str]:
+    """The environment llama-bench runs in: this process's, without the GOMP_SPINCOUNT that
+    importing tern set for its own OpenMP pools (tern/__init__.py) — llama.cpp's OpenMP build
+    loads the same libgomp and would inherit it — unless the user set it, as a user runs llama.cpp."""
+    import tern
+
+    env = dict(os.environ)
+    if tern.USER_GOMP_SPINCOUNT is None:
+        env.pop("GOMP_SPINCOUNT", None)
+    return env
 
 
 # ---- measuring --------------------------------------------------------------------------------
@@ -319,7 +332,8 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
                 continue
             lc = {"binary": str(llama_bench), "build_commit": lm.get("build_commit"),
                   "build_number": lm.get("build_number"), "label": llama_label,
-                  "model_size": lm.get("model_size"), "command": lm.get("command")}
+                  "model_size": lm.get("model_size"), "command": lm.get("command"),
+                  "gomp_spincount": lm.get("gomp_spincount")}  # None: libgomp's default, as a user runs it
             rows.append(_row(shape, "llama.cpp", gguf, t, lm, counts, host,
                              {**run_metadata(t), **base, **where, "llama_cpp": lc,
                               "gguf": {"body": body, "n_kv_heads": shape.n_kv_heads or shape.cfg.n_heads}}, ref))

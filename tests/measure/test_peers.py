@@ -270,3 +270,25 @@ def test_real_engine_and_fake_llama_through_the_cli(tmp_path, fake_llama, capsys
     assert tern["engine_settings"]["threads"] == 1
     assert [r["engine"] for r in out["rows"]] == ["tern", "llama.cpp"]
     assert tern_main(["bench", "peers", "--shapes", "nope", "--results", str(tmp_path)]) == 2
+
+
+def test_llama_bench_runs_without_the_openmp_spin_tern_set(tmp_path, monkeypatch):
+    """Importing tern sets GOMP_SPINCOUNT for its own pools; llama.cpp's OpenMP build would
+    inherit it, so llama-bench runs without it (libgomp's default), unless the user set it."""
+    import tern
+    from tern.measure.peers import run_llama_bench
+
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE.format(python=sys.executable, log=str(tmp_path / "log.jsonl")).replace(
+        '"cpu_info": "fake cpu"', '"cpu_info": __import__("os").environ.get("GOMP_SPINCOUNT", "unset")'))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "20000")
+    monkeypatch.setattr(tern, "USER_GOMP_SPINCOUNT", None)
+    out = run_llama_bench(exe, model, 1, 4, 2)
+    assert out["cpu_info"] == "unset" and out["gomp_spincount"] is None
+    monkeypatch.setenv("GOMP_SPINCOUNT", "777")
+    monkeypatch.setattr(tern, "USER_GOMP_SPINCOUNT", "777")
+    out = run_llama_bench(exe, model, 1, 4, 2)
+    assert out["cpu_info"] == "777" and out["gomp_spincount"] == "777"
