@@ -35,7 +35,7 @@ from tern.core.records import atomic_write_json, atomic_write_text, read_jsonl, 
 from tern.kernels.policy import EnginePolicy
 from tern.predict.pools import decoded_context
 from tern.predict.roofline import predict
-from tern.probe.core_latency import FAR_NS
+from tern.probe.placement import far_apart
 
 TARGET_WITHIN = 0.20  # |measured / predicted - 1| of a point counted as "within"
 REGIONS = ("cache-resident", "cache edge", "DRAM-bound")
@@ -208,14 +208,14 @@ def drift_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
 def placement_summary(points: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The multi-thread points split by where the threads sat when each was measured (its
     ``core_round_trip_ns``, tern.probe.core_latency): "near" (a cache line's round trip under
-    FAR_NS: cores sharing a cache) and "far"; per side the accuracy (:func:`_summary`) and
+    tern.probe.placement.FAR_NS: cores sharing a cache) and "far"; per side the accuracy (:func:`_summary`) and
     the median round trip. None when no multi-thread point carries a round trip (rows from
     before it was recorded, or a host with one thread)."""
     pts = [p for p in points if p["threads"] > 1 and isinstance(p.get("core_round_trip_ns"), (int, float))]
     if not pts:
         return None
     out = {}
-    for side, keep in (("near", lambda ns: ns < FAR_NS), ("far", lambda ns: ns >= FAR_NS)):
+    for side, keep in (("near", lambda ns: not far_apart(ns)), ("far", far_apart)):
         part = [p for p in pts if keep(p["core_round_trip_ns"])]
         if part:
             out[side] = {**_summary(part),

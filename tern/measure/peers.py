@@ -43,6 +43,7 @@ from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
+from tern.probe.placement import RoundTripNow
 
 PEER_CONTEXT = 512  # tern's attention window: >= every context the benchmark reaches
 HOW_TO_GET_LLAMA = ("llama-bench not found (give --llama-bench PATH or put it on PATH); measuring "
@@ -178,12 +179,13 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats
     """One ``llama-bench`` run (its own warm-up, then ``repeats`` of ``tokens`` tokens)."""
     cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
            "-r", str(repeats), "-o", "jsonl"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=llama_env())
+    env = llama_env()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed on {gguf.name} ({threads} threads, exit {r.returncode}):\n"
                            f"{r.stderr[-2000:]}")
     return {**parse_llama_bench(r.stdout), "command": " ".join(cmd),
-            "gomp_spincount": llama_env().get("GOMP_SPINCOUNT")}
+            "gomp_spincount": env.get("GOMP_SPINCOUNT")}
 
 
 def llama_env() -> dict[str, str]:
@@ -266,7 +268,7 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
               read_now: ReadNow | None = read_reference, per_matrix: bool = False,
-              round_trip_now: Callable[[], float | None] | None = round_trip_ns) -> dict[str, Any]:
+              round_trip_now: RoundTripNow | None = round_trip_ns) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
     tern rows run the engine's default (one parallel region per token at threads > 1);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tern.probe.core_latency import FAR_NS
+from tern.probe.placement import FAR_NS, far_apart
 
 # rows of tern's one-region step beside per-matrix "tern" rows, from before it was the default
 REGION_ENGINE = "tern-region"
@@ -103,7 +103,7 @@ def render_peers(result: dict[str, Any]) -> str:
     if busy:
         lines.append(f"disturbed (other processes used > {BUSY_FRACTION:.0%} of the CPUs meanwhile): " + ", ".join(busy))
     far = [f"{r['shape']} {r['engine']} {r['threads']}t ({r['core_round_trip_ns']:.0f} ns)"
-           for r in latest_rows(result["rows"]) if (r.get("core_round_trip_ns") or 0) > FAR_NS]
+           for r in latest_rows(result["rows"]) if far_apart(r.get("core_round_trip_ns") or 0)]
     if far:
         lines.append(f"threads far apart (a cache-line round trip > {FAR_NS:.0f} ns timed just before: cores that "
                      "share no L3; 2-thread figures of small models drop ~1.5x there): " + ", ".join(far))

@@ -34,6 +34,7 @@ from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
 from tern.probe.curves import kernel_reference
+from tern.probe.placement import RoundTripNow
 from tern.probe.profile import engine_policy
 
 # Engine/measurement protocol version: bump when the measurement changes meaning.
@@ -220,7 +221,7 @@ KernelNow = Callable[[int, int, int], dict]  # (threads, rows, cols) -> tern.pro
 
 def host_now(host: HostProfile, working_set_bytes: int, threads: int, read_now: ReadNow | None,
              kernel_now: KernelNow | None = None,
-             round_trip_now: Callable[[], float | None] | None = None) -> dict[str, Any]:
+             round_trip_now: RoundTripNow | None = None) -> dict[str, Any]:
     """The host timed right before a sweep point, against its probe: the read kernel at the
     point's working set (``read_now``; {read_same_run, host_read_ratio}: now / at the probe)
     and the engine's 4-row ternary pass on cache-resident matrices (``kernel_now``, with
@@ -250,7 +251,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
               progress: bool = True, keep_models: bool = True,
               read_now: ReadNow | None = read_reference,
               kernel_now: KernelNow | None = kernel_reference,
-              round_trip_now: Callable[[], float | None] | None = round_trip_ns) -> list[dict[str, Any]]:
+              round_trip_now: RoundTripNow | None = round_trip_ns) -> list[dict[str, Any]]:
     """Measure every point not already in ``records``; returns all points' rows in order. Before each measured
     point :func:`host_now` times the host (``read_now``, ``kernel_now``, ``round_trip_now``; None skips each)."""
     from tqdm.auto import tqdm

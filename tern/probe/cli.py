@@ -95,7 +95,7 @@ def cli_render(result: dict[str, Any]) -> str:
         parts.append("engine kernels from L2 to DRAM (ns per weight byte read, at each working set)\n"
                      + render_curves(list(prof.op_curves)))
     if "core_round_trip" in prof.host:
-        from tern.probe.core_latency import describe_round_trip
+        from tern.probe.placement import describe_round_trip
 
         parts.append(describe_round_trip(prof.host["core_round_trip"]))
     if prof.engine_runs:

@@ -31,11 +31,11 @@ import numba
 import numpy as np
 
 from tern.kernels.region import atomic_add, atomic_load, spin_pause
+from tern.probe.placement import FAR_NS, describe_round_trip, far_apart  # noqa: F401  (describe_round_trip: re-exported)
 
 SPIN_LIMIT = 50_000_000  # checks of one turn before giving up (~seconds: far beyond any real round trip)
 TURNS = 20_000  # round trips per timed run (~1 ms at 50 ns, ~7 ms at 356 ns)
 LINE_INT64 = 8  # int64s per 64-byte cache line: the counter sits alone on its line
-FAR_NS = 150.0  # round trips above this: the threads' cores share no cache level (benchmarks/README)
 
 
 @numba.njit(cache=True, parallel=True)
@@ -93,7 +93,7 @@ def measure_round_trip(runs: int = 5, turns: int = TURNS, spin_limit: int = SPIN
     ns = [g * 1e9 for g in got]
     med = statistics.median(ns)
     return {"round_trip_ns": med, "min_ns": min(ns), "max_ns": max(ns), "runs": runs, "turns": turns,
-            "far": med > FAR_NS}
+            "far": far_apart(med)}
 
 
 def round_trip_ns(runs: int = 3, turns: int = 5_000) -> float | None:
@@ -101,14 +101,3 @@ def round_trip_ns(runs: int = 3, turns: int = 5_000) -> float | None:
     point), or None where there is none to measure."""
     m = measure_round_trip(runs=runs, turns=turns)
     return None if m is None else round(m["round_trip_ns"], 1)
-
-
-def describe_round_trip(m: dict[str, Any] | None) -> str:
-    """One line for people: the round trip and what it means for 2-thread decoding."""
-    if m is None:
-        return "threads' round trip: not measured (fewer than 2 threads ran at once)"
-    where = ("cores that share no cache (e.g. two CCDs of an EPYC): every phase hand-off of the "
-             "2-thread engine costs several of these, and small models gain little from a second thread"
-             if m["far"] else "neighbouring cores (a shared L3)")
-    return (f"threads' round trip: {m['round_trip_ns']:.0f} ns (runs {m['min_ns']:.0f}-{m['max_ns']:.0f} ns): "
-            f"{where}")
