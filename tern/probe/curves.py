@@ -260,6 +260,16 @@ def implausible_points(ws_bytes: Sequence[int], seconds: Sequence[float]) -> lis
     return out
 
 
+def implausible_calls(cycles: Sequence[int], seconds_per_call: Sequence[float]) -> list[int]:
+    """:func:`implausible_points` of a curve whose point i times one call on a cycle of
+    ``cycles[i]`` equal matrices: a call's seconds times the matrices of its cycle are the
+    cycle's seconds, which its bytes are in proportion to. (Until session 31 the per-call
+    seconds went in as if per cycle: they fell as 1 / working set, so every point but the last
+    was named and timed twice more, 60 % of the probe's curve stage: 79 -> 34 s on the Intel
+    Xeon VM, with the points' medians 1.00x what the retimed ones read.)"""
+    return implausible_points(cycles, [s * n for s, n in zip(seconds_per_call, cycles, strict=True)])
+
+
 def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
                   timing: TimingConfig | None = None, seed: int = 0,
                   shape: tuple[int, int] | None = None, stream_prefetch: bool = True) -> OpCurve:
@@ -291,7 +301,7 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
     with numba_threads(threads if split != "serial" else 1):
         sizes = [n * mat_bytes for n in cycles]
         points = retime_slow([timed(i) for i in range(len(cycles))],
-                             lambda pts: implausible_points(sizes, [p[0] for p in pts]), timed, lambda p: p[0])
+                             lambda pts: implausible_calls(cycles, [p[0] for p in pts]), timed, lambda p: p[0])
     return OpCurve(op=op, split=split, threads=threads if split != "serial" else 1, rows=shape[0],
                    cols=shape[1], density=SKIP_DENSITY if op == "ternary_skip" else 1.0,
                    working_set_bytes=tuple(sizes), seconds=tuple(p[0] for p in points),

@@ -14,10 +14,11 @@ from tern.probe.curves import (
     SMALL_CURVE_SHAPES,
     CurveBuffer,
     curve_plan,
+    implausible_calls,
     implausible_points,
     measure_curve,
 )
-from tern.probe.timing import TimingConfig
+from tern.probe.timing import Timing, TimingConfig
 
 FAST = TimingConfig(min_time_s=0.002, repeats=2, warmup_s=0.0, max_calibration_s=0.01)
 
@@ -43,6 +44,36 @@ def test_implausible_points_are_slower_per_byte_than_data_further_out():
     assert implausible_points(ws, [1.0, 7.0, 14.0, 8.0]) == [1, 2]  # two points of one pause
     assert implausible_points(ws, [1.0, 2.0, 4.0, 17.0]) == [3]  # the last: > 2x the one before
     assert implausible_points(ws[:1], [5.0]) == []
+
+
+def test_implausible_calls_take_a_curves_per_call_seconds():
+    """A curve's points are seconds per call on cycles of 1, 4, 16 ... matrices: a per-call time
+    that rises with the working set is plausible, a spike is not."""
+    cycles = [1, 4, 16, 64]
+    assert implausible_calls(cycles, [1.0, 1.0, 1.3, 2.5]) == []  # flat, then a cliff further out
+    assert implausible_calls(cycles, [1.0, 3.0, 1.3, 2.5]) == [1]  # a spike: 2.3x the next point
+    assert implausible_calls(cycles, [1.0, 1.0, 1.3, 6.0]) == [3]  # the last: > 2x the one before
+
+
+def test_a_plausible_curve_is_timed_once_per_point(monkeypatch):
+    """Each point is timed once when no point is slower than a larger working set allows (the
+    session-31 bug named every point but the last and timed each twice more)."""
+    calls = []
+
+    def fake_setup(op, split, threads, shape, n_mats, buf, rng, stream_prefetch=True):
+        def run(n):
+            return None
+        run.n_mats = n_mats
+        return run
+
+    def fake_timed_runs(run, cfg, **kw):  # 1 ms per matrix: flat per call and per byte
+        calls.append(run.n_mats)
+        return Timing(counts=(1,), seconds=(1e-3 * run.n_mats,), starts_s=(0.0,))
+
+    monkeypatch.setattr(curves, "_setup", fake_setup)
+    monkeypatch.setattr(curves, "timed_runs", fake_timed_runs)
+    c = measure_curve("ternary_matvec", "serial", 1, (256 << 10, 1 << 20, 4 << 20), CurveBuffer(4 << 20), FAST)
+    assert calls == [1, 4, 16] and c.seconds == pytest.approx((1e-3, 1e-3, 1e-3))
 
 
 def test_an_implausible_point_is_timed_again_and_keeps_its_fastest_median(monkeypatch):
