@@ -143,7 +143,7 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     assert table[0]["by_threads"][1]["tern_over_llama"] == pytest.approx(200.0 / 110.0)
     text = render_peers(res)
     assert "tiny" in text and "1.82" in text and "now llama" in text
-    assert "threads far apart" in text and "tiny tern 2t (356 ns)" in text and "llama.cpp 2t (53" not in text
+    assert "threads far apart" in text and "tiny tern 2t (356 ns)" in text and "llama.cpp 2t (53 ns)" not in text  # (a busy-host line may say "(53%)")
     assert table[0]["by_threads"][2]["tern"]["fraction_now"] == rows[2]["bandwidth_fraction_same_run"]
     assert len(peers_rows(tmp_path / "res")) == 4
     fig = plot_peers(rows, host)
