@@ -193,12 +193,28 @@ def stream_prefetch_mismatch(host: HostProfile, threads: int, policy: EnginePoli
             f"choice (tern.core.engine_tuning)")
 
 
+def expert_items_seconds(work: dict, host: HostProfile, threads: int) -> float:
+    """Op-cost seconds of ``work``'s chosen experts run as items of one phase of the
+    one-region step (WorkKey split "region_experts"; 0 at one thread). Each thread runs its
+    items with the single-thread kernels, one after another as a single-thread token runs its
+    experts, so the predictor prices them at one thread's engine-context factor, not at the
+    thread count's, which the context models' split matrices and phase waits set (session 31,
+    Intel Xeon VM: 1.19 at 1 thread against 1.39 at 2, and 64 experts of 4096 x 512 at top-8 /
+    top-16 ran 1.17 / 1.23x their 2-thread predictions with the 2-thread factor on them)."""
+    if threads <= 1:
+        return 0.0
+    items = {k: v for k, v in work.items() if k.split == "region_experts"}
+    return (work_seconds(items, host, threads) or 0.0) if items else 0.0
+
+
 def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     """(per-token overhead in s, engine-context factor) from the probe's engine runs
     (tern.probe.engine_runs) at the thread count nearest ``threads``: the overhead is the
     median of ``step_s - loop_s`` (Python and the call into numba); the factor the median
     of ``(loop_s - predicted stall) / predicted op-cost compute`` of the same models — how
-    much longer the ops take in a token than alone. (0, 1) without engine runs."""
+    much longer the ops take in a token than alone; at threads > 1 over the compute other than
+    the chosen experts' items, which are taken out at one thread's factor
+    (:func:`expert_items_seconds`). (0, 1) without engine runs."""
     runs = host.engine_runs
     if not runs or not host.op_costs:
         return 0.0, 1.0
@@ -211,14 +227,17 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     overhead = statistics.median(max(0.0, r.step_s - r.loop_s) for r in mine)
     factors = []
     llc, measured_by = engine_llc_bytes(host), host_engine_policy(host)  # the probe's runs: its engine
+    items_factor = engine_context(host, 1)[1] if t > 1 else 1.0  # expert_items_seconds' factor
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
         ctx = decoded_context(r.tokens, cfg.attn_window)  # each run decodes from a reset
-        p = predict_pools(two_pool(cfg, ctx, llc, measured_by), host, t, _engine=(0.0, 1.0))
-        compute = p.resident.compute_s + p.streamed.compute_s
+        pools = two_pool(cfg, ctx, llc, measured_by)
+        p = predict_pools(pools, host, t, _engine=(0.0, 1.0))
+        items = sum(expert_items_seconds(w, host, t) for w in (pools.resident_work, pools.streamed_work))
+        compute = p.resident.compute_s + p.streamed.compute_s - items
         stall = p.resident.stall_s + p.streamed.stall_s
         if compute > 0:
-            factors.append(max(0.5, (r.loop_s - stall) / compute))
+            factors.append(max(0.5, (r.loop_s - stall - items * items_factor) / compute))
     result = (overhead, statistics.median(factors) if factors else 1.0)
     _ENGINE_CONTEXT[key] = (runs, result)
     return result
@@ -247,8 +266,12 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
             "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
     work_s = {name: work_seconds(w, host, threads) for name, w in work.items()} if host.op_costs else {}
     op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
+    items_factor = None  # the chosen experts' items: priced at one thread's engine-context factor
     if _engine is None and op_model:
         engine_overhead_s, ctx_factor = engine_context(host, threads)
+        if threads > 1:
+            items_factor = engine_context(host, 1)[1]
+    items_s = {name: expert_items_seconds(w, host, threads) if op_model else 0.0 for name, w in work.items()}
     overhead_s += engine_overhead_s
     ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
     out = {}
@@ -272,7 +295,8 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
                 stall_s = extra_s + max(read[name] - covered, 0.0) * per_byte
             mem_s = read[name] * (share / (bw * 1e9) + (1.0 - share) / (bw_1 * 1e9))
             bw = read[name] / mem_s / 1e9 if mem_s > 0 else bw  # the effective mix
-            comp_s = work_s[name] * ctx_factor
+            comp_s = ((work_s[name] - items_s[name]) * ctx_factor
+                      + items_s[name] * (ctx_factor if items_factor is None else items_factor))
             time_s = comp_s + stall_s
         else:
             mem_s = nbytes[name] / (bw * 1e9)
@@ -388,10 +412,15 @@ def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int |
         raise ValueError(f"host profile {host.label!r} has no engine op costs: run `tern probe`")
     p = predict(cfg, host, threads, context)
     res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host), host_engine_policy(host))
+    # each op's compute in a token: its op cost times the engine-context factor predict_pools applies
+    ctx = engine_context(host, threads)[1] if p.model == "op-cost" else 1.0
+    items_ctx = engine_context(host, 1)[1] if p.model == "op-cost" and threads > 1 else ctx
     out: dict[str, float] = {}
     for w in (res, st):
-        for op, sec in (work_breakdown(w, host, threads) or {}).items():
-            out[op] = out.get(op, 0.0) + sec
+        items = {k: v for k, v in w.items() if threads > 1 and k.split == "region_experts"}
+        for part, factor in (({k: v for k, v in w.items() if k not in items}, ctx), (items, items_ctx)):
+            for op, sec in (work_breakdown(part, host, threads) or {}).items():
+                out[op] = out.get(op, 0.0) + sec * factor
     out["stall (resident)"] = p.resident.stall_s
     out["stall (streamed)"] = p.streamed.stall_s
     out["overhead"] = p.overhead_s

@@ -256,3 +256,34 @@ def test_attention_heads_are_items_only_for_engines_that_split_them():
     assert split < 0.6 * whole
     assert work_breakdown(work_inventory(big, policy=CURRENT_POLICY)[0], host, 1)["attention"] == pytest.approx(
         work_breakdown(work_inventory(big, policy=before)[0], host, 1)["attention"])
+
+
+def test_chosen_experts_items_take_one_threads_engine_context_factor(monkeypatch):
+    """At 2 threads the one-region step's chosen experts (split "region_experts") are priced at
+    the 1-thread engine-context factor, the rest of the compute at the 2-thread one; at 1 thread
+    nothing changes. Factors 1.2 (1 thread) and 1.5 (2 threads), no overhead."""
+    from tern.predict import roofline
+    from tern.predict.pools import two_pool
+    from tern.predict.roofline import expert_items_seconds, predict_pools
+
+    host = _host()
+    cfg = load_config("sandbox")  # top-4 of 16 experts: items at 2 threads
+    pools = two_pool(cfg, 64, 32 << 20, REGION)
+    items = sum(expert_items_seconds(w, host, 2) for w in (pools.resident_work, pools.streamed_work))
+    total = sum(work_seconds(w, host, 2) for w in (pools.resident_work, pools.streamed_work))
+    assert 0 < items < total
+    assert expert_items_seconds(pools.streamed_work, host, 1) == 0.0
+    assert items == pytest.approx(sum(s for k, w in pools.streamed_work.items() if k.split == "region_experts"
+                                      for s in work_breakdown({k: w}, host, 2).values()))
+    monkeypatch.setattr(roofline, "engine_context", lambda h, t=1: (0.0, 1.2 if t == 1 else 1.5))
+    p2 = predict_pools(pools, host, 2)
+    assert p2.resident.compute_s + p2.streamed.compute_s == pytest.approx((total - items) * 1.5 + items * 1.2)
+    p1 = predict_pools(pools, host, 1)
+    total1 = sum(work_seconds(w, host, 1) for w in (pools.resident_work, pools.streamed_work))
+    assert p1.resident.compute_s + p1.streamed.compute_s == pytest.approx(total1 * 1.2)
+    # the per-op breakdown applies the same factors, so it still sums to the prediction
+    from tern.predict.roofline import time_breakdown
+
+    rhost = dataclasses.replace(host, host={"engine_policy": REGION.to_dict()})
+    for t in (1, 2):
+        assert sum(time_breakdown(cfg, rhost, t).values()) == pytest.approx(predict(cfg, rhost, t).s_per_token)
