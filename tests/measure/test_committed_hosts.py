@@ -159,7 +159,10 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # the SSE4.2 build in session 31 (above): its 10B pick d1024-L12-E512k1-h512 (top-1 of 512 experts of 512 x 1024;
     # predicted to miss 100 tok/s, and it does) measured 88.2 / 149.5 tok/s against 61.6 / 104.5 predicted; of the
     # predicted 16.2 ms a token at 1 thread, 5.2 are the resident pool's DRAM stall added to 7.3 of ternary compute:
-    # whether this slow plain kernel hides that stall was not measured
+    # whether this slow plain kernel hides that stall was not measured. Fifteen minutes later the same worker
+    # (python -m tern.measure.sweep_worker, 1 thread, 5 x 64 tokens) gave 51.8 / 50.6 / 44.4 tok/s, below the
+    # prediction, while the native build's pick ran 116.5 against 133.0 at its commit: on this VM the SSE4.2 build's
+    # L3-bound pass moves with the neighbours far more than the native one (its curve doubles from 8 to 64 MiB)
     ("intel-xeon-amx-sse42-s31", "d1024-L12-E512k1-h512", 1): 0.432,
     ("intel-xeon-amx-sse42-s31", "d1024-L12-E512k1-h512", 2): 0.430,
     # the Intel VM with session 15's engine (above): 206m at 2 threads measured 2,047 tok/s,
