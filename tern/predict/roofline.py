@@ -201,10 +201,13 @@ def expert_items_seconds(work: dict, host: HostProfile, threads: int) -> float:
     thread count's, which the context models' split matrices and phase waits set (session 31,
     Intel Xeon VM: 1.19 at 1 thread against 1.39 at 2, and 64 experts of 4096 x 512 at top-8 /
     top-16 ran 1.17 / 1.23x their 2-thread predictions with the 2-thread factor on them)."""
-    if threads <= 1:
-        return 0.0
-    items = {k: v for k, v in work.items() if k.split == "region_experts"}
+    items = expert_items(work, threads)
     return (work_seconds(items, host, threads) or 0.0) if items else 0.0
+
+
+def expert_items(work: dict, threads: int) -> dict:
+    """The part of ``work`` that :func:`expert_items_seconds` prices (none at one thread)."""
+    return {k: v for k, v in work.items() if threads > 1 and k.split == "region_experts"}
 
 
 def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
@@ -257,6 +260,7 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
     overhead_s, eff = calibration(host, threads)
     hot = pools.hot_bytes
     engine_overhead_s, ctx_factor = _engine if _engine is not None else (0.0, 1.0)
+    items_factor = ctx_factor  # the chosen experts' items (expert_items_seconds): one thread's factor
     ws = {"resident": pools.footprint_bytes if policy == "reuse" else hot, "streamed": hot}
     nbytes = {"resident": pools.resident_bytes + pools.state_bytes + pools.kv_bytes,
               "streamed": pools.streamed_bytes}
@@ -266,11 +270,9 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
             "streamed": nbytes["streamed"] - pools.streamed_skipped_bytes}
     work_s = {name: work_seconds(w, host, threads) for name, w in work.items()} if host.op_costs else {}
     op_model = bool(pools.resident_work) and bool(work_s) and None not in work_s.values()
-    items_factor = None  # the chosen experts' items: priced at one thread's engine-context factor
     if _engine is None and op_model:
         engine_overhead_s, ctx_factor = engine_context(host, threads)
-        if threads > 1:
-            items_factor = engine_context(host, 1)[1]
+        items_factor = engine_context(host, 1)[1]
     items_s = {name: expert_items_seconds(w, host, threads) if op_model else 0.0 for name, w in work.items()}
     overhead_s += engine_overhead_s
     ref_bw = bandwidth_gbps(host, OP_COST_WORKING_SET, threads) if op_model else 0.0
@@ -295,8 +297,7 @@ def predict_pools(pools: TwoPool, host: HostProfile, threads: int = 1, policy: s
                 stall_s = extra_s + max(read[name] - covered, 0.0) * per_byte
             mem_s = read[name] * (share / (bw * 1e9) + (1.0 - share) / (bw_1 * 1e9))
             bw = read[name] / mem_s / 1e9 if mem_s > 0 else bw  # the effective mix
-            comp_s = ((work_s[name] - items_s[name]) * ctx_factor
-                      + items_s[name] * (ctx_factor if items_factor is None else items_factor))
+            comp_s = (work_s[name] - items_s[name]) * ctx_factor + items_s[name] * items_factor
             time_s = comp_s + stall_s
         else:
             mem_s = nbytes[name] / (bw * 1e9)
@@ -413,11 +414,11 @@ def time_breakdown(cfg: ModelConfig, host: Any, threads: int = 1, context: int |
     p = predict(cfg, host, threads, context)
     res, st, _, _ = work_inventory(cfg, p.context, engine_llc_bytes(host), host_engine_policy(host))
     # each op's compute in a token: its op cost times the engine-context factor predict_pools applies
-    ctx = engine_context(host, threads)[1] if p.model == "op-cost" else 1.0
-    items_ctx = engine_context(host, 1)[1] if p.model == "op-cost" and threads > 1 else ctx
+    op_cost = p.model == "op-cost"
+    ctx, items_ctx = (engine_context(host, threads)[1], engine_context(host, 1)[1]) if op_cost else (1.0, 1.0)
     out: dict[str, float] = {}
     for w in (res, st):
-        items = {k: v for k, v in w.items() if threads > 1 and k.split == "region_experts"}
+        items = expert_items(w, threads)
         for part, factor in (({k: v for k, v in w.items() if k not in items}, ctx), (items, items_ctx)):
             for op, sec in (work_breakdown(part, host, threads) or {}).items():
                 out[op] = out.get(op, 0.0) + sec * factor

@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 from tern.kernels.region import atomic_add, atomic_load, spin_pause
-from tern.probe.placement import FAR_NS, describe_round_trip, far_apart  # noqa: F401  (describe_round_trip: re-exported)
+from tern.probe.placement import far_apart
 
 SPIN_LIMIT = 50_000_000  # checks of one turn before giving up (~seconds: far beyond any real round trip)
 TURNS = 20_000  # round trips per timed run (~1 ms at 50 ns, ~7 ms at 356 ns)
@@ -72,7 +72,7 @@ def _run(turns: int, spin_limit: int) -> float | None:
 
 def measure_round_trip(runs: int = 5, turns: int = TURNS, spin_limit: int = SPIN_LIMIT) -> dict[str, Any] | None:
     """The two threads' cache-line round trip: ``{"round_trip_ns": median, "min_ns", "max_ns",
-    "runs", "turns", "far": median > FAR_NS}`` over ``runs`` timed runs of ``turns`` round trips
+    "runs", "turns", "far": tern.probe.placement.far_apart(median)}`` over ``runs`` timed runs of ``turns`` round trips
     (after one untimed run that compiles and wakes the threads), or None where numba has fewer
     than 2 threads or its two iterations did not run at once. Takes ~10-50 ms."""
     for name, v in (("runs", runs), ("turns", turns), ("spin_limit", spin_limit)):
