@@ -267,6 +267,9 @@ def implausible_calls(cycles: Sequence[int], seconds_per_call: Sequence[float]) 
     seconds went in as if per cycle: they fell as 1 / working set, so every point but the last
     was named and timed twice more, 60 % of the probe's curve stage: 79 -> 34 s on the Intel
     Xeon VM, with the points' medians 1.00x what the retimed ones read.)"""
+    if len(cycles) != len(seconds_per_call) or any(n < 1 for n in cycles):
+        raise ValueError(f"implausible_calls needs one time per cycle of >= 1 matrices, got {len(cycles)} "
+                         f"cycles {list(cycles)[:4]} and {len(seconds_per_call)} times")
     return implausible_points(cycles, [s * n for s, n in zip(seconds_per_call, cycles, strict=True)])
 
 

@@ -53,6 +53,10 @@ def test_implausible_calls_take_a_curves_per_call_seconds():
     assert implausible_calls(cycles, [1.0, 1.0, 1.3, 2.5]) == []  # flat, then a cliff further out
     assert implausible_calls(cycles, [1.0, 3.0, 1.3, 2.5]) == [1]  # a spike: 2.3x the next point
     assert implausible_calls(cycles, [1.0, 1.0, 1.3, 6.0]) == [3]  # the last: > 2x the one before
+    with pytest.raises(ValueError, match="one time per cycle"):
+        implausible_calls(cycles, [1.0, 1.0])
+    with pytest.raises(ValueError, match="one time per cycle"):
+        implausible_calls([0, 4], [1.0, 1.0])
 
 
 def test_a_plausible_curve_is_timed_once_per_point(monkeypatch):
