@@ -38,15 +38,12 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from tern.core.config import param_counts
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.region import cycles
 
 CATEGORIES = ("embed", "norm", "quantize", "mixer matvec", "attention", "ssm conv", "ssm scan", "router",
               "ffn gate+up matvec", "activation", "ffn down matvec", "experts (parallel region)",
@@ -57,26 +54,16 @@ MATRIX = ("mixer matvec", "router", "ffn gate+up matvec", "ffn down matvec", "ex
  C_RESID, C_HEAD) = range(len(CATEGORIES))
 
 
-@intrinsic
-def _cycles(typingctx):
-    """The CPU's cycle counter (``llvm.readcyclecounter``: rdtsc on x86)."""
-    def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
-                                            "llvm.readcyclecounter")
-        return builder.call(fn, [])
-    return types.int64(), codegen
-
-
 @numba.njit(cache=True)
 def _lap(t0, acc, cat):
-    t = _cycles()
+    t = cycles()
     acc[cat] += t - t0
     return t
 
 
 @numba.njit(cache=True)
 def cycles_now():
-    return _cycles()
+    return cycles()
 
 
 @numba.njit(cache=True)
@@ -201,7 +188,7 @@ def _ffn(buf, aux, G, T, LI, l, eps, work, iwork, counts, last, acc, t):
 def timed_token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, iwork, counts,
                      last, logits, acc):
     """ops.token_step, adding each category's cycles to ``acc`` (len(CATEGORIES),) int64."""
-    t = _cycles()
+    t = cycles()
     ops.embed_step(buf, aux, G, token, work)
     t = _lap(t, acc, C_EMBED)
     for l in range(G[ops.G_NL]):
@@ -216,7 +203,7 @@ def timed_token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, w
 # (not beside this script: run against another checkout or a site install, the guard must hash
 # the code it compiled in; a stale cache here once timed the wrong dt layout as a 38 ms scan).
 _DEPS = tuple(str(Path(ops.__file__).resolve().parent / f) if f.endswith(".py") else f  # files; compiled-in settings
-              for f in ("ops.py",) + ops._DEPS)
+              for f in ("ops.py", "region.py") + ops._DEPS)
 drop_stale_cache(__file__, _DEPS, timed_token_step)
 
 

@@ -93,6 +93,7 @@ from tern.kernels.policy import (
     REGION_MIN_WEIGHTS,
     EnginePolicy,
 )
+from tern.kernels.region import clock_start
 from tern.kernels.region_items import (
     REGION_DEPS,
     RP_ITEMS,
@@ -359,6 +360,7 @@ def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, 
     (tern.kernels.region, >= phases_bound phases), ``scal`` (float32, >= 4) scratch."""
     for i in range(ctr.shape[0]):
         ctr[i] = 0
+    clock_start(ctr)  # the phase clock's start (compiled in with TERN_PHASE_CLOCK=1 only)
     t = pos[0]
     Grs = Gserial[ops.N_GLOBALS:2 * ops.N_GLOBALS]
     for tid in numba.prange(G[G_THREADS]):

@@ -19,10 +19,19 @@ item reads its inputs inside the phase, where no thread can have moved on to ove
 
 Ordering: the counters are sequentially consistent read-modify-writes and an acquire load,
 so an item's plain stores are visible to every thread that has seen the phase done.
+
+Phase clock (a diagnostic, off by default): with ``TERN_PHASE_CLOCK=1`` at import the region
+step is compiled to keep the CPU's cycle counter when a token's region starts
+(``ctr[CLOCK_START]``) and, per phase, when its last item finished (``ctr[p * STRIDE +
+CLOCK_END]``, an atomic max over the finishing threads); :func:`phase_clock` reads them back
+after a token. benchmarks/region_phases.py times the one-region step's phases with it. The
+setting is part of the numba cache stamps (:data:`REGION_STAMP`), so a clocked build never
+runs from an unclocked cache or the other way round.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 
 import numba
@@ -33,7 +42,22 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 STRIDE = 8  # int64 counters per phase: 64 bytes, one cache line each
+CLOCK_END = 2  # with the phase clock: slot of a phase's end cycle (slots 0 / 1: claims / done)
+CLOCK_START = STRIDE - 1  # with the phase clock: the region's start cycle (phase 0's last slot)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def phase_clock_setting(text: str) -> bool:
+    """TERN_PHASE_CLOCK: ``"1"`` (compile the phase clock in) or ``"0"`` (off), spaces ignored,
+    else a ValueError naming it."""
+    if text.strip() not in ("0", "1"):
+        raise ValueError(f"TERN_PHASE_CLOCK must be 0 or 1, got {text!r}")
+    return text.strip() == "1"
+
+
+PHASE_CLOCK = phase_clock_setting(os.environ.get("TERN_PHASE_CLOCK", "0"))
+# the import-time setting compiled into the region step, in the cache stamps of the modules that embed it
+REGION_STAMP = f"phase_clock={PHASE_CLOCK}"
 
 
 def _int64_1d(arr) -> bool:
@@ -47,18 +71,24 @@ def _item_ptr(context, builder, signature, args):
     return cgutils.get_item_pointer(context, builder, signature.args[0], a, [i])
 
 
-@intrinsic
-def atomic_add(typingctx, arr, idx, val):
-    """arr[idx] += val atomically (seq_cst); returns the value before. ``arr`` int64 1-D C."""
+def _atomic_rmw(arr, op: str):
+    """The (signature, codegen) of ``arr[idx] = op(arr[idx], val)`` done atomically (seq_cst),
+    returning the value before; None (no match) unless ``arr`` is int64 1-D C."""
     if not _int64_1d(arr):
         return None
     sig = types.int64(arr, types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
         v = context.cast(builder, args[2], signature.args[2], types.int64)
-        return builder.atomic_rmw("add", _item_ptr(context, builder, signature, args), v, "seq_cst")
+        return builder.atomic_rmw(op, _item_ptr(context, builder, signature, args), v, "seq_cst")
 
     return sig, codegen
+
+
+@intrinsic
+def atomic_add(typingctx, arr, idx, val):
+    """arr[idx] += val atomically (seq_cst); returns the value before. ``arr`` int64 1-D C."""
+    return _atomic_rmw(arr, "add")
 
 
 @intrinsic
@@ -89,6 +119,25 @@ def spin_pause(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def cycles(typingctx):
+    """The CPU's cycle counter (``llvm.readcyclecounter``: rdtsc on x86; 0 where the target has none)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_max(typingctx, arr, idx, val):
+    """arr[idx] = max(arr[idx], val) atomically (seq_cst, signed); returns the value before. ``arr`` int64 1-D C."""
+    return _atomic_rmw(arr, "max")
+
+
 @numba.njit(cache=True, inline="always")
 def claim(ctr, p):
     """The next unclaimed item of phase ``p`` (items are 0, 1, ...; >= the phase's count: none left)."""
@@ -97,8 +146,18 @@ def claim(ctr, p):
 
 @numba.njit(cache=True, inline="always")
 def finish(ctr, p):
-    """Count one item of phase ``p`` done (after its stores)."""
+    """Count one item of phase ``p`` done (after its stores); with the phase clock, its
+    finishing cycle too."""
     atomic_add(ctr, p * STRIDE + 1, 1)
+    if PHASE_CLOCK:
+        atomic_max(ctr, p * STRIDE + CLOCK_END, cycles())
+
+
+@numba.njit(cache=True, inline="always")
+def clock_start(ctr):
+    """With the phase clock: the region's start cycle (after the counters' reset)."""
+    if PHASE_CLOCK:
+        ctr[CLOCK_START] = cycles()
 
 
 @numba.njit(cache=True)
@@ -108,8 +167,32 @@ def wait_done(ctr, p, n):
         spin_pause()
 
 
+@numba.njit  # not cached: numba's thread-count calls are ctypes pointers it cannot cache (~0.1 s to compile)
+def ensure_threads(n):
+    """numba's thread count for the calling thread set to ``n`` (when it is not already), in
+    compiled code: the Python ``numba.get_num_threads()`` takes two locks and a ctypes call,
+    ~5-10 us a token inside a decode loop (Intel Xeon VM, 28M peer: the caches are cold after a
+    token), this ~1.5 us (tern.run.engine calls it before every token)."""
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+
+
 def phase_counters(n_phases: int) -> np.ndarray:
     """Zeroed counters for ``n_phases`` phases (reset before every region)."""
     if n_phases < 1:
         raise ValueError(f"n_phases must be >= 1, got {n_phases}")
     return np.zeros(n_phases * STRIDE, dtype=np.int64)
+
+
+def phase_clock(ctr: np.ndarray, n_phases: int) -> tuple[np.ndarray, np.ndarray]:
+    """After a token of the clocked region step: each phase's cycles from the previous phase's
+    end (the first: from the region's start) and its items done (1: a single-item phase).
+    Raises if the region step was compiled without the clock (TERN_PHASE_CLOCK=1 at import)."""
+    if not PHASE_CLOCK:
+        raise RuntimeError("the phase clock is off: set TERN_PHASE_CLOCK=1 before tern is imported")
+    if not (isinstance(n_phases, (int, np.integer)) and 1 <= n_phases <= ctr.shape[0] // STRIDE):
+        raise ValueError(f"n_phases must be in 1..{ctr.shape[0] // STRIDE} (the counters' phases), got {n_phases!r}")
+    ends = ctr[CLOCK_END:n_phases * STRIDE:STRIDE] - ctr[CLOCK_START]  # (n_phases,) cycles since the start
+    if ends.min() < 0:
+        raise ValueError("phase clock: a phase ended before the region started (counters not from one clocked token)")
+    return np.diff(ends, prepend=0), ctr[1:n_phases * STRIDE:STRIDE].copy()

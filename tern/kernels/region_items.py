@@ -22,7 +22,7 @@ from tern.kernels.policy import (
     REGION_SCAN_ALIGN,
     REGION_SCAN_MIN_WEIGHTS,
 )
-from tern.kernels.region import claim, finish, wait_done
+from tern.kernels.region import REGION_STAMP, claim, finish, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
 # and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
@@ -205,5 +205,5 @@ def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py",
                "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", "ssm_step.py",
-               "kernels_unpack.py", COMPILED_SETTINGS)  # policy: its REGION_* constants are compiled in
+               "kernels_unpack.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

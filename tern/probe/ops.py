@@ -182,10 +182,12 @@ ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "si
 
 def engine_kernel_deps() -> tuple[str, ...]:
     """ENGINE_KERNEL_DEPS plus the import-time settings compiled into those kernels
-    (tern.kernels.kernels_ternary.COMPILED_SETTINGS): what a cached driver's stamp hashes."""
+    (tern.kernels.kernels_ternary.COMPILED_SETTINGS, tern.kernels.region.REGION_STAMP): what a
+    cached driver's stamp hashes."""
     from tern.kernels import kernels_ternary as kt
+    from tern.kernels.region import REGION_STAMP
 
-    return ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS,)
+    return ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS, REGION_STAMP)
 
 
 _DRIVERS: dict[str, Callable] | None = None

@@ -79,7 +79,7 @@ from tern.kernels.policy import (
     copy_weights,
     stream_row_bytes,
 )
-from tern.kernels.region import phase_counters
+from tern.kernels.region import ensure_threads, phase_counters
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
 from tern.run.region_watch import RegionRunner
@@ -367,8 +367,7 @@ class Engine:
     def _run(self, token: int) -> None:
         if self.pos[0] >= self._warn_at:
             self._past_max_seq_len()
-        if numba.get_num_threads() != self.threads:
-            numba.set_num_threads(self.threads)
+        ensure_threads(self.threads)
         if self.region:  # the region step, or one thread while it falls back (tern.run.region_watch)
             self.region_runner(token)
         elif self.fused:

@@ -176,6 +176,26 @@ def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
     assert np.array_equal(one, two)
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+def test_every_step_runs_at_its_engines_threads(small_file):
+    """Engines of different thread counts in one process, and a caller that changes numba's
+    threads between tokens: each step sets numba's count to its engine's (in compiled code,
+    tern.kernels.region.ensure_threads) before the token."""
+    one, two = Engine(small_file, threads=1), Engine(small_file, threads=2, region=False, par_min_weights=0)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        two.step(3)
+        assert numba.get_num_threads() == 2
+        one.step(3)
+        assert numba.get_num_threads() == 1
+        numba.set_num_threads(2)
+        one.step(4)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
+
+
 @pytest.mark.parametrize("fmt,tied", [("fp16", False), ("bf16", False), ("fp16", True)])
 def test_16bit_tables_read_as_stored(tmp_path, fmt, tied):
     """dense16="direct" (default) reads fp16 / bf16 embedding, head and routers from the file,
