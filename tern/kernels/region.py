@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -167,14 +168,18 @@ def wait_done(ctr, p, n):
         spin_pause()
 
 
-@numba.njit  # not cached: numba's thread-count calls are ctypes pointers it cannot cache (~0.1 s to compile)
-def ensure_threads(n):
-    """numba's thread count for the calling thread set to ``n`` (when it is not already), in
-    compiled code: the Python ``numba.get_num_threads()`` takes two locks and a ctypes call,
-    ~5-10 us a token inside a decode loop (Intel Xeon VM, 28M peer: the caches are cold after a
-    token), this ~1.5 us (tern.run.engine calls it before every token)."""
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
+def thread_count_reader() -> Callable[[], int]:
+    """A function returning numba's thread count for the calling thread, without the two locks
+    ``numba.get_num_threads()`` takes on every call: the threading layer's own getter (a ctypes
+    function numba sets up when it launches its threads), else ``numba.get_num_threads`` itself.
+    In a decode loop the public call cost ~10 us a token at 1 thread and ~5 at 2 (Intel Xeon VM,
+    28M peer: after a token the caches hold weights, not Python), the getter ~1.5 us
+    (tern.run.engine reads it before every token)."""
+    numba.get_num_threads()  # launches the threading layer (it defines the getter)
+    from numba.np.ufunc import parallel
+
+    fast = getattr(parallel, "_get_num_threads", None)
+    return fast if callable(fast) else numba.get_num_threads
 
 
 def phase_counters(n_phases: int) -> np.ndarray:

@@ -79,7 +79,7 @@ from tern.kernels.policy import (
     copy_weights,
     stream_row_bytes,
 )
-from tern.kernels.region import ensure_threads, phase_counters
+from tern.kernels.region import phase_counters, thread_count_reader
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
 from tern.run.region_watch import RegionRunner
@@ -111,7 +111,7 @@ class Engine:
             raise ValueError(f"threads={threads} exceeds numba's {numba.config.NUMBA_NUM_THREADS} threads")
         # Launch numba's threading layer now: the per-token functions link parallel kernels,
         # and calling them before the layer is up crashes (fused_call users included).
-        numba.get_num_threads()
+        self._numba_threads = thread_count_reader()  # launches it; read before every token (no locks)
         kernel = kernel or "ternary"
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -367,7 +367,8 @@ class Engine:
     def _run(self, token: int) -> None:
         if self.pos[0] >= self._warn_at:
             self._past_max_seq_len()
-        ensure_threads(self.threads)
+        if self._numba_threads() != self.threads:  # the engine's count, whatever the caller set since
+            numba.set_num_threads(self.threads)
         if self.region:  # the region step, or one thread while it falls back (tern.run.region_watch)
             self.region_runner(token)
         elif self.fused:

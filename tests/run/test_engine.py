@@ -179,14 +179,18 @@ def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
 def test_every_step_runs_at_its_engines_threads(small_file):
     """Engines of different thread counts in one process, and a caller that changes numba's
-    threads between tokens: each step sets numba's count to its engine's (in compiled code,
-    tern.kernels.region.ensure_threads) before the token."""
+    threads between tokens: each step sets numba's count to its engine's before the token
+    (read with tern.kernels.region.thread_count_reader, which agrees with numba.get_num_threads)."""
+    from tern.kernels.region import thread_count_reader
+
+    read = thread_count_reader()
     one, two = Engine(small_file, threads=1), Engine(small_file, threads=2, region=False, par_min_weights=0)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
+        assert read() == 1
         two.step(3)
-        assert numba.get_num_threads() == 2
+        assert numba.get_num_threads() == 2 and read() == 2
         one.step(3)
         assert numba.get_num_threads() == 1
         numba.set_num_threads(2)
