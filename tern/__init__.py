@@ -6,6 +6,7 @@ pre-registered gates.
 """
 
 import os as _os
+import sys as _sys
 
 # How long an idle OpenMP worker (libgomp: numba's and torch's, two copies on a 2-core
 # machine) spins for the next parallel region before it sleeps. Long spins made torch's and
@@ -18,6 +19,10 @@ import os as _os
 # tok/s (same loss). Read when libgomp loads, so set before torch or numba start threads; a
 # user's value wins.
 USER_GOMP_SPINCOUNT = _os.environ.get("GOMP_SPINCOUNT")  # None: tern's value (peers run llama.cpp without it)
+# torch imported first, with no spin policy of the user's: its libgomp has read the default
+# already, and setting the variable now changes only numba's pool (tern.train.model warns)
+OMP_SPIN_SET_TOO_LATE = ("torch" in _sys.modules and USER_GOMP_SPINCOUNT is None
+                         and "OMP_WAIT_POLICY" not in _os.environ)
 _os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 __version__ = "0.1.0"

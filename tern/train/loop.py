@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 import time
 from collections import deque
@@ -29,6 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tern.core.config import ModelConfig, param_counts
+from tern.core.records import append_jsonl, atomic_write_json, run_metadata
+from tern.train.batches import CorpusSource
+from tern.train.checkpoint import read_checkpoint, save_checkpoint
+from tern.train.config import TrainConfig, schedule
 from tern.train.environment import (
     amp_and_scaler,
     cpu_training_mode,
@@ -37,18 +45,6 @@ from tern.train.environment import (
     resolve_cpu_backward,
     training_device,
 )
-
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # before torch loads libgomp: see tern/__init__.py
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from tern.core.config import ModelConfig, param_counts  # noqa: E402
-from tern.core.records import append_jsonl, atomic_write_json, run_metadata  # noqa: E402
-from tern.train.batches import CorpusSource  # noqa: E402
-from tern.train.checkpoint import read_checkpoint, save_checkpoint  # noqa: E402
-from tern.train.config import TrainConfig, schedule  # noqa: E402
 
 LOG_NAME = "train_log.jsonl"
 CKPT_NAME = "checkpoint.pt"
