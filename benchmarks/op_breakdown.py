@@ -43,7 +43,7 @@ from tern.core.config import param_counts
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.region import cycles
+from tern.kernels.region import cycles, cycles_per_second
 
 CATEGORIES = ("embed", "norm", "quantize", "mixer matvec", "attention", "ssm conv", "ssm scan", "router",
               "ffn gate+up matvec", "activation", "ffn down matvec", "experts (parallel region)",
@@ -59,11 +59,6 @@ def _lap(t0, acc, cat):
     t = cycles()
     acc[cat] += t - t0
     return t
-
-
-@numba.njit(cache=True)
-def cycles_now():
-    return cycles()
 
 
 @numba.njit(cache=True)
@@ -208,15 +203,6 @@ drop_stale_cache(__file__, _DEPS, timed_token_step)
 
 
 # ---- driving it ------------------------------------------------------------------------------
-
-
-def cycles_per_second(seconds: float = 0.2) -> float:
-    """The cycle counter's rate, against time.perf_counter."""
-    cycles_now()
-    t0, c0 = time.perf_counter(), cycles_now()
-    while time.perf_counter() - t0 < seconds:
-        pass
-    return (cycles_now() - c0) / (time.perf_counter() - t0)
 
 
 def timed_tokens(engine, tokens: np.ndarray, acc: np.ndarray) -> float:

@@ -27,40 +27,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numba
 import numpy as np
 
-
-def cycles_per_second(seconds: float = 0.2) -> float:
-    """The cycle counter's rate, against time.perf_counter over ``seconds``."""
-    from tern.kernels.region import cycles
-
-    @numba.njit
-    def now():
-        return cycles()
-
-    now()
-    t0, c0 = time.perf_counter(), now()
-    time.sleep(seconds)
-    c1, t1 = now(), time.perf_counter()
-    return (c1 - c0) / (t1 - t0)
+from tern.kernels.region import cycles_per_second
 
 
 def clocked_tokens(engine, tokens: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
     """Each token's phase cycles (tern.kernels.region.phase_clock) after a reset, and the items
     per phase (the same for every token: the phase sequence depends on the model only)."""
-    from tern.kernels import ops_region
     from tern.kernels.region import phase_clock
 
-    before, after = engine._before, engine._after
+    step, before, after = engine.fused_call()  # the region step and the engine's buffers
     ctr, scal = after[-2], after[-1]
     engine.reset()
     rows, items = [], None
     for t in tokens:
-        ops_region.token_step_region(*before, int(t), *after)
+        step(*before, int(t), *after)
         n = int(scal[-1])  # phases this token used (token_step_region writes it)
         cyc, done = phase_clock(ctr, n)
         rows.append(cyc)

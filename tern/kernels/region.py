@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Callable
 
 import numba
@@ -131,6 +132,22 @@ def cycles(typingctx):
         return builder.call(fn, [])
 
     return sig, codegen
+
+
+@numba.njit(cache=True)
+def cycles_now():
+    """:func:`cycles` from Python."""
+    return cycles()
+
+
+def cycles_per_second(seconds: float = 0.2) -> float:
+    """The cycle counter's rate, against time.perf_counter over ``seconds`` (busy, so the core
+    stays awake)."""
+    cycles_now()
+    t0, c0 = time.perf_counter(), cycles_now()
+    while time.perf_counter() - t0 < seconds:
+        pass
+    return (cycles_now() - c0) / (time.perf_counter() - t0)
 
 
 @intrinsic

@@ -207,7 +207,7 @@ def expert_items_seconds(work: dict, host: HostProfile, threads: int) -> float:
 
 def expert_items(work: dict, threads: int) -> dict:
     """The part of ``work`` that :func:`expert_items_seconds` prices (none at one thread)."""
-    return {k: v for k, v in work.items() if threads > 1 and k.split == "region_experts"}
+    return {k: v for k, v in work.items() if k.split == "region_experts"} if threads > 1 else {}
 
 
 def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
