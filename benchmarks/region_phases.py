@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     from tern.core.records import append_jsonl, run_metadata
     from tern.run.engine import Engine
 
-    eng = Engine(a.model, threads=a.threads, region=True)
+    try:
+        eng = Engine(a.model, threads=a.threads, region=True)
+    except (OSError, ValueError) as e:  # a missing or invalid model file: say which, no traceback
+        ap.error(str(e))
     hz = cycles_per_second()
     tokens = np.random.default_rng(0).integers(0, eng.cfg.vocab_size, a.tokens)
     ways = {"threads": a.threads, "walk": 1}

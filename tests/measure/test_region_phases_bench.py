@@ -17,6 +17,21 @@ def test_needs_the_clocked_build(rp, tmp_path, capsys):
     assert e.value.code == 2 and "TERN_PHASE_CLOCK=1" in capsys.readouterr().err
 
 
+def test_bad_arguments_and_model_files_are_argparse_errors(rp, monkeypatch, tmp_path, capsys):
+    from tern.kernels import region
+
+    monkeypatch.setattr(region, "PHASE_CLOCK", True)
+    bad = tmp_path / "bad.tern"
+    bad.write_bytes(b"garbage")
+    for argv, words in ((["--model", "m.tern", "--threads", "1"], "--threads >= 2"),
+                        (["--model", "m.tern", "--rounds", "0"], "--rounds >= 1"),
+                        (["--model", str(tmp_path / "missing.tern")], "does not exist"),
+                        (["--model", str(bad)], "not a packed model")):
+        with pytest.raises(SystemExit) as e:
+            rp.main(argv)
+        assert e.value.code == 2 and words in capsys.readouterr().err, argv
+
+
 def test_summary_of_single_and_split_phases(rp):
     hz = 1e9  # 1 cycle = 1 ns
     items = np.array([1, 2, 1, 4])
