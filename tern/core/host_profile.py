@@ -16,8 +16,8 @@ from typing import Any
 from tern.core.records import atomic_write_json
 
 FORMAT = "tern.host_profile"
-VERSION = 4  # 4: engine runs carry the threads' round trip of each round; 3: op_curves (kernel working-set curves), engine_runs; 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
-READABLE_VERSIONS = (1, 2, 3, 4)  # version 1 lacks the spread fields: they load as unknown; < 3 has no op_curves
+VERSION = 5  # 5: row_curves (the row passes' DRAM stall against row length); 4: engine runs carry the threads' round trip of each round; 3: op_curves (kernel working-set curves), engine_runs; 2: bandwidth points carry gbps_min, runs_gbps, runs_at_s
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # version 1 lacks the spread fields: they load as unknown; < 3 has no op_curves
 
 
 @dataclass(frozen=True)
@@ -266,6 +266,7 @@ class HostProfile:
     op_costs: tuple[OpCost, ...] = ()  # engine operation costs (tern.probe.ops)
     op_curves: tuple[OpCurve, ...] = ()  # kernel working-set curves (tern.probe.curves)
     engine_runs: tuple[EngineRun, ...] = ()  # the engine timed on small models (tern.probe.engine_runs)
+    row_curves: tuple[OpCurve, ...] = ()  # the row passes cache-resident and from DRAM per row length (tern.probe.row_curves)
 
     # ---- queries ----------------------------------------------------------------------
     def cache(self, level: int) -> CacheLevel | None:
@@ -353,6 +354,7 @@ class HostProfile:
                 op_costs=tuple(OpCost(**c) for c in d.get("op_costs", ())),
                 op_curves=tuple(OpCurve(**c) for c in d.get("op_curves", ())),
                 engine_runs=tuple(EngineRun(**r) for r in d.get("engine_runs", ())),
+                row_curves=tuple(OpCurve(**c) for c in d.get("row_curves", ())),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"host profile is malformed: {e}") from None

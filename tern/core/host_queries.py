@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tern.core.formats import get_format
-from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
+from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile, OpCurve, op_curve_for
 
 CALIBRATION_KEYS = ("per_token_overhead_s", "bandwidth_efficiency")
 
@@ -132,6 +132,44 @@ def calibration(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     if not (math.isfinite(eff) and 0 < eff <= 1.5):
         raise ValueError(f"calibration bandwidth_efficiency must be in (0, 1.5], got {eff!r}")
     return over, eff
+
+
+# ---- the row passes' stall against row length (profile row_curves, tern.probe.row_curves) ----
+ROW_CURVE_OPS = ("ternary_matvec", "ternary_stream")  # the 4-row pass and the streaming pass
+
+
+def stall_per_byte(curve: OpCurve) -> float:
+    """Seconds per weight byte a two-point row curve's matrices take from DRAM beyond their
+    cache-resident time (its last working set against its first; ternary2: cols / 4 B a row)."""
+    return (curve.seconds[-1] - curve.seconds[0]) / (curve.rows * ((curve.cols + 3) // 4))
+
+
+def row_stall_factor(host: HostProfile, op: str, threads: int, row_bytes: float) -> float:
+    """How many times the stall per byte of ``op``'s kernel curve a matrix of ``row_bytes``
+    packed bytes a row pays (the profile's row curves at the thread count nearest
+    ``threads``: "serial" at one, "experts" beyond; linear in row bytes between measured
+    lengths, held beyond them). 1.0 without row curves or a non-positive stall at the curve's
+    row length, and for the 4-row pass ("ternary_matvec") at rows no longer than its
+    curve's: the curves' row-heavy shape prices shorter rows."""
+    split = "serial" if threads <= 1 else "experts"
+    main = op_curve_for(host.op_curves, op, split, threads)
+    rows = [c for c in getattr(host, "row_curves", ()) if c.op == op and c.split == split]
+    if main is None or not rows:
+        return 1.0
+    t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))
+    pts = sorted(((c.cols + 3) // 4, stall_per_byte(c)) for c in rows if c.threads == t)
+    ref_rb = (main.cols + 3) // 4
+    ref = [s for rb, s in pts if rb == ref_rb]
+    if not ref or ref[0] <= 0 or (op == "ternary_matvec" and row_bytes <= ref_rb):
+        return 1.0
+    xs, ys = [rb for rb, _ in pts], [max(s, 0.0) / ref[0] for _, s in pts]
+    if row_bytes <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if row_bytes <= xs[i]:
+            f = (row_bytes - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + f * (ys[i] - ys[i - 1])
+    return ys[-1]
 
 
 # ---- effective tiers: read off the measured curve, /sys sizes only a hint --------------------

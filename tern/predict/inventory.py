@@ -24,6 +24,7 @@ import numpy as np
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
+from tern.core.host_queries import ROW_CURVE_OPS, row_stall_factor
 from tern.kernels.policy import (
     CURRENT_POLICY,
     REGION_ROW_ALIGN,
@@ -404,7 +405,9 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
     cache-resident cost at working set ``ws``; None when the profile has no kernel curves.
     Where the profile has two matrix sizes of an op's curve, each call's extra time is read
     off them at the op's own matrix size (:func:`_pair_extra_per_call`); else each op's
-    per-weight cost is scaled by its curve's slowdown there (:func:`_curve_slowdown`)."""
+    per-weight cost is scaled by its curve's slowdown there (:func:`_curve_slowdown`). The
+    row passes' extra time is scaled by their row length's stall over the curve's
+    (tern.core.host_queries.row_stall_factor: 1.0 for profiles without row curves)."""
     if not getattr(host, "op_curves", ()):
         return None
     extra = covered = 0.0
@@ -415,14 +418,16 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         # a call's weights and rows, and the calls one curve group (threads at once) stands for:
         # an items matrix is one group of its items, expert-parallel calls share their groups
         pieces = divisor if key.split == "items" and threads > 1 else 1.0
+        # rows longer (or, streamed, shorter) than the curve's stall more or less a byte (tern.probe.row_curves)
+        row = row_stall_factor(host, key.op, threads, w.units / w.rows / 4) if key.op in ROW_CURVE_OPS and w.rows else 1.0
         per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / pieces, w.rows / w.calls / pieces)
         if per_call is not None:
-            extra += w.calls * per_call * pieces / divisor
+            extra += w.calls * per_call * pieces / divisor * row
         else:
             slow = _curve_slowdown(host, key, threads, ws)
             cost = op_cost_for(host.op_costs, key.op, t)
             if slow is None or cost is None:
                 continue
-            extra += cost.unit_s * w.units * (slow - 1.0) / divisor
+            extra += cost.unit_s * w.units * (slow - 1.0) / divisor * row
         covered += w.units * WEIGHT_BYTES_PER_UNIT[key.op]
     return extra, covered

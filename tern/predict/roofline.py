@@ -60,7 +60,8 @@ tern.probe.curves): each matvec kernel is timed over cycles of matrices from L2-
 DRAM-sized working sets, at one thread and run the way the engine runs it with more
 threads (rows split, or experts in parallel). A matvec's per-weight cost at the pool's
 working set is its cache-resident cost times the measured slowdown there
-(tern.predict.inventory.curve_stall). Bytes no kernel curve covers (recurrent state,
+(tern.predict.inventory.curve_stall), the row passes' stall scaled by their matrix's row length
+as the probe measured it (profile version 5: tern.probe.row_curves). Bytes no kernel curve covers (recurrent state,
 attention cache, element-wise work) stall as the plain read kernel's do:
 ``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``; with threads > 1
 only the bytes of ops the engine splits over threads stream at the thread count's

@@ -94,6 +94,11 @@ def cli_render(result: dict[str, Any]) -> str:
 
         parts.append("engine kernels from L2 to DRAM (ns per weight byte read, at each working set)\n"
                      + render_curves(list(prof.op_curves)))
+    if prof.row_curves:
+        from tern.probe.row_curves import render_row_curves
+
+        parts.append("the row passes' DRAM stall per byte against row length (x the kernel curve's row length)\n"
+                     + render_row_curves(list(prof.row_curves)))
     if "core_round_trip" in prof.host:
         from tern.probe.placement import describe_round_trip
 

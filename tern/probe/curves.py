@@ -275,10 +275,11 @@ def implausible_calls(cycles: Sequence[int], seconds_per_call: Sequence[float]) 
 
 def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
                   timing: TimingConfig | None = None, seed: int = 0,
-                  shape: tuple[int, int] | None = None, stream_prefetch: bool = True) -> OpCurve:
+                  shape: tuple[int, int] | None = None, stream_prefetch: bool = True, retime: bool = True) -> OpCurve:
     """Seconds per matvec of ``op`` (run as ``split`` on ``threads`` threads) at each
     working set: a cycle of matrices of ``shape`` (default: the op's curve shape) adding up to
-    it. Implausibly slow points (:func:`implausible_points`) are timed again.
+    it. Implausibly slow points (:func:`implausible_points`) are timed again (``retime``; not
+    for a curve of a cache-resident and a DRAM point only, whose jump is the measurement).
     ``stream_prefetch``: the streaming kernel's software prefetch (Engine.stream_prefetch)."""
     timing = timing or TimingConfig(min_time_s=0.03, repeats=3, warmup_s=0.01)
     if shape is None:
@@ -303,8 +304,10 @@ def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ..
 
     with numba_threads(threads if split != "serial" else 1):
         sizes = [n * mat_bytes for n in cycles]
-        points = retime_slow([timed(i) for i in range(len(cycles))],
-                             lambda pts: implausible_calls(cycles, [p[0] for p in pts]), timed, lambda p: p[0])
+        points = [timed(i) for i in range(len(cycles))]
+        if retime:
+            points = retime_slow(points, lambda pts: implausible_calls(cycles, [p[0] for p in pts]), timed,
+                                 lambda p: p[0])
     return OpCurve(op=op, split=split, threads=threads if split != "serial" else 1, rows=shape[0],
                    cols=shape[1], density=SKIP_DENSITY if op == "ternary_skip" else 1.0,
                    working_set_bytes=tuple(sizes), seconds=tuple(p[0] for p in points),

@@ -58,6 +58,7 @@ class ProbeConfig:
     sys_root: str = "/sys"
     op_costs: bool = True  # time the engine's operations (tern.probe.ops) for the roofline
     op_curves: bool = True  # time the engine's matvecs from L2 to DRAM (tern.probe.curves)
+    row_curves: bool = True  # and the row passes against row length (tern.probe.row_curves)
     engine_runs: bool = True  # time the engine itself on small models (tern.probe.engine_runs)
 
     def __post_init__(self) -> None:
@@ -224,6 +225,13 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                                           max_bytes=max(sc.max_ws_bytes, 256 * 1024 * 1024),
                                           timing=config.kernel_timing if config.quick else None,
                                           stream_prefetch=stream_pf["stream_prefetch"])
+        row_curves = []
+        if config.op_curves and config.op_costs and config.row_curves:
+            from tern.probe.row_curves import measure_row_curves
+
+            row_curves = measure_row_curves(sc.thread_counts, quick=config.quick, progress=progress,
+                                            timing=config.kernel_timing if config.quick else None,
+                                            stream_prefetch=stream_pf["stream_prefetch"])
         if runs is not None:
             runs.round(progress)
         engine_runs = [] if runs is None else runs.runs()
@@ -263,7 +271,7 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),
-                          op_curves=tuple(op_curves), engine_runs=tuple(engine_runs))
+                          op_curves=tuple(op_curves), engine_runs=tuple(engine_runs), row_curves=tuple(row_curves))
     if out is not None:
         profile.save(out)
     return profile

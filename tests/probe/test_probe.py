@@ -429,7 +429,7 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     f = tmp_path / "hp.json"
     prof.save(f)
     d = json.loads(f.read_text())
-    assert d["version"] == host_profile.VERSION == 4
+    assert d["version"] == host_profile.VERSION == 5
     assert len(d["bandwidth"][0]["runs_gbps"]) == 3 and "gbps_min" in d["bandwidth"][0]
     loaded = HostProfile.load(f)
     assert loaded == prof and isinstance(loaded.bandwidth[0].runs_at_s, tuple)
@@ -443,9 +443,9 @@ def test_profile_json_keeps_runs_and_reads_version_1(tmp_path):
     assert old.bandwidth[0].gbps_min is None and old.bandwidth[0].runs_gbps == ()
     assert old.bandwidth[0].span_s is None
     assert plateaus.plateau_table(old) == plateaus.plateau_table(prof)
-    d["version"] = 5  # a newer tern's file
+    d["version"] = 6  # a newer tern's file
     f.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="version 5 is not supported"):
+    with pytest.raises(ValueError, match="version 6 is not supported"):
         HostProfile.load(f)
 
 
