@@ -1,4 +1,5 @@
-"""Figure of the host probe: bandwidth against working-set size.
+"""Figures of the host probe: bandwidth against working-set size; the row passes' DRAM stall
+against row length.
 
 Drawn from a HostProfile only (the curve points and the plateaus of
 :func:`tern.probe.detect_plateaus`), so it can be regenerated from a saved
@@ -159,3 +160,34 @@ def _log2_bytes_axis(ax, x_lo: float, x_hi: float) -> None:
     ax.set_xticklabels([format_bytes(t) for t in ticks], fontsize=8)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(x_lo / 1.15, x_hi * 1.15)
+
+
+_PASS_NAMES = {"ternary_matvec": "4-row pass", "ternary_stream": "streaming pass"}
+
+
+def plot_row_stall(profile: HostProfile, figsize: tuple[float, float] = (8.0, 4.5)) -> Figure:
+    """The row passes' DRAM stall per weight byte against row length (packed bytes, log2 axis),
+    over the stall at the row length of each pass's kernel curve (the predictor's factor,
+    tern.core.host_queries.row_stall_factor), one line per pass and thread count. ValueError
+    when the profile has no row curves (probed before profile version 5)."""
+    from tern.probe.row_curves import reference_row_bytes, row_stall_points
+
+    pts = row_stall_points(list(profile.row_curves))
+    if not pts:
+        raise ValueError(f"host profile {profile.label!r} has no row-length curves: run `tern probe` "
+                         "(profile version 5) to measure them")
+    fig = TernFigure(figsize=figsize)
+    ax = fig.add_subplot(1, 1, 1)
+    xs = [rb for p in pts.values() for rb, _ in p]
+    for (op, t), p in pts.items():
+        ax.plot([rb for rb, _ in p], [f for _, f in p], marker="o", linestyle="-" if op == "ternary_matvec" else "--",
+                label=f"{_PASS_NAMES.get(op, op)}, {t} thread{'s' if t > 1 else ''} "
+                      f"(x its {format_bytes(reference_row_bytes(op))} rows)")
+    ax.axhline(1.0, color="0.5", linewidth=0.8)
+    _log2_bytes_axis(ax, min(xs), max(xs))
+    ax.set_xlabel("packed row length (bytes; ternary2: 4 weights a byte)")
+    ax.set_ylabel("DRAM stall per byte (x the curve row length's)")
+    ax.set_title(f"The row passes' DRAM stall against row length — {profile.label}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    return fig

@@ -107,16 +107,22 @@ def _median_curve(curves: list[OpCurve]) -> OpCurve:
                                seconds_min=tuple(min(p) for p in pts), seconds_max=tuple(max(p) for p in pts))
 
 
-def render_row_curves(curves: list[OpCurve]) -> str:
-    """Per op and thread count: the stall per byte at each row length over the curve row length's."""
-    lines = []
+def row_stall_points(curves: list[OpCurve]) -> dict[tuple[str, int], list[tuple[int, float]]]:
+    """{(op, threads): [(row bytes, stall per byte over the curve row length's), ...]} of the row
+    curves, row lengths in order; a pass without a positive stall at its reference row length
+    is left out (nothing to scale)."""
+    out = {}
     for op in ROW_CURVE_OPS:
         for t in sorted({c.threads for c in curves if c.op == op}):
             cs = sorted((c for c in curves if c.op == op and c.threads == t), key=lambda c: c.cols)
-            ref = [c for c in cs if c.cols // 4 == reference_row_bytes(op)]
-            if not ref or stall_per_byte(ref[0]) <= 0:
-                continue
-            base = stall_per_byte(ref[0])
-            pts = " ".join(f"{c.cols // 4}B:{stall_per_byte(c) / base:.2f}" for c in cs)
-            lines.append(f"{op:<15} t{t}  DRAM stall per byte / {reference_row_bytes(op)} B rows'  {pts}")
-    return "\n".join(lines)
+            ref = [stall_per_byte(c) for c in cs if c.cols // 4 == reference_row_bytes(op)]
+            if ref and ref[0] > 0:
+                out[(op, t)] = [(c.cols // 4, stall_per_byte(c) / ref[0]) for c in cs]
+    return out
+
+
+def render_row_curves(curves: list[OpCurve]) -> str:
+    """Per op and thread count: the stall per byte at each row length over the curve row length's."""
+    return "\n".join(f"{op:<15} t{t}  DRAM stall per byte / {reference_row_bytes(op)} B rows'  "
+                     + " ".join(f"{rb}B:{f:.2f}" for rb, f in pts)
+                     for (op, t), pts in row_stall_points(curves).items())

@@ -150,3 +150,20 @@ def test_render_names_each_row_length_against_the_curves():
     assert "ternary_matvec  t1" in text and "512B:1.50" in text and "1024B:2.00" in text
     assert "ternary_stream  t1" in text and "512B:0.50" in text
     assert render_row_curves(list(ROWS[1:3])) == ""  # no reference row length: nothing to say
+
+
+def test_the_row_stall_figure_draws_each_pass_and_refuses_a_profile_without(tmp_path):
+    from tern.probe.plots import plot_row_stall
+    from tern.probe.row_curves import row_stall_points
+
+    pts = row_stall_points(list(ROWS))
+    assert pts[("ternary_matvec", 1)] == [(256, 1.0), (512, pytest.approx(1.5)), (1024, pytest.approx(2.0))]
+    assert pts[("ternary_stream", 1)] == [(512, pytest.approx(0.5)), (1024, 1.0)]
+    fig = plot_row_stall(host())
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 3  # two passes and the 1.0 line
+    assert "row length" in ax.get_xlabel() and "stall" in ax.get_ylabel()
+    fig.savefig(tmp_path / "rows.png")
+    assert (tmp_path / "rows.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="no row-length curves"):
+        plot_row_stall(host(row_curves=()))
