@@ -1,4 +1,4 @@
-"""Every numbered notebook: committed without outputs, has a papermill parameters cell,
+"""Every numbered notebook: committed without outputs, with unique cell ids, has a papermill parameters cell,
 and runs top to bottom in SMOKE mode ("restart and run all")."""
 
 import json
@@ -20,6 +20,8 @@ def test_committed_without_outputs_and_parameterised(path):
     for i, cell in enumerate(nb["cells"]):
         assert not cell.get("outputs"), f"{path.name}: cell {i} has outputs (strip them)"
         assert cell.get("execution_count") is None, f"{path.name}: cell {i} has an execution count"
+    ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell an id, no two alike
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cell ids missing or repeated"
     params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
     src = "".join(params[0]["source"])
