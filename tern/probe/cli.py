@@ -42,7 +42,8 @@ def _thread_list(text: str) -> tuple[int, ...]:
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="2 points per octave, 20 ms runs, read kernel only, up to 4x LLC (~20 s)")
+                   help="2 points per octave, 20 ms runs, read kernel only, up to 4x LLC; the engine kernels' "
+                        "curves at fewer working sets and row lengths, one thread only (~25-30 s)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"where to save the profile (default {DEFAULT_OUT})")
     p.add_argument("--threads", type=_thread_list, default=None,
                    help="comma-separated thread counts (default: 1 and all CPUs)")
