@@ -45,8 +45,9 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     "intel-xeon-amx-sse42-s31": (0.96, 0.077, "Intel SSE4.2 build, session 31: median 7.7 %, cause not found"),
     # and again in session 33 (code c23cc4a, the first SSE4.2 profile with row-length curves, no repeat sweep): 47 / 50
     # within, median 8.2 % (1 thread 12.4 %, 2 threads 5.6 %); the same 1-thread 30m-e64 points miss (k4 / k8 / k16
-    # 0.74 / 0.76 / 0.73x). The plain path is compute-bound (its row passes read DRAM at 1.5 GB/s at 1 thread), so the
-    # stalls its row curves scale are small parts of its points' time; 105m / 206m 1.09 / 1.02, the pick 0.99 / 0.89
+    # 0.74 / 0.76 / 0.73x). Its plain 4-row pass computes at ~300 ps a byte in cache and stalls about as long again
+    # from DRAM (1.6 GB/s at 1 thread), 4 KiB rows 0.44x as long as 256 B rows (its row curves); 105m / 206m
+    # 1.09 / 1.02, the pick 0.99 / 0.89
     "intel-xeon-amx-sse42-s33": (0.94, 0.082, "Intel SSE4.2 build, session 33: 1-thread 30m-e64 points 0.73-0.76x"),
     # the same Intel Xeon VM re-measured with session 15's engine (int8 routers read as int8,
     # one-pass top-k, faster activation quantizer), fresh probe: 1 thread 25/25 within, median
