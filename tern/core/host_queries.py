@@ -144,16 +144,23 @@ def stall_per_byte(curve: OpCurve) -> float:
     return (curve.seconds[-1] - curve.seconds[0]) / (curve.rows * ((curve.cols + 3) // 4))
 
 
-def row_stall_factor(host: HostProfile, op: str, threads: int, row_bytes: float) -> float:
+def row_stall_factor(host: HostProfile, op: str, threads: int, row_bytes: float, split: str = "experts") -> float:
     """How many times the stall per byte of ``op``'s kernel curve a matrix of ``row_bytes``
     packed bytes a row pays (the profile's row curves at the thread count nearest
-    ``threads``: "serial" at one, "experts" beyond; linear in row bytes between measured
-    lengths, held beyond them). 1.0 without row curves or a non-positive stall at the curve's
-    row length, and for the 4-row pass ("ternary_matvec") at rows no longer than its
-    curve's: the curves' row-heavy shape prices shorter rows."""
-    split = "serial" if threads <= 1 else "experts"
-    main = op_curve_for(host.op_curves, op, split, threads)
-    rows = [c for c in getattr(host, "row_curves", ()) if c.op == op and c.split == split]
+    ``threads``: "serial" at one; beyond it ``split``, "experts" (single-thread calls on
+    different matrices at once: expert-parallel experts) or "rows" (one matrix's rows over
+    the threads: the one-region step's items, the parallel kernel), else the other; linear
+    in row bytes between measured lengths, held beyond them). 1.0 without row curves or a
+    non-positive stall at the curve's row length, and for the 4-row pass
+    ("ternary_matvec") at rows no longer than its curve's: the curves' row-heavy shape
+    prices shorter rows."""
+    main = op_curve_for(host.op_curves, op, "serial", 1)
+    curves = [c for c in getattr(host, "row_curves", ()) if c.op == op]
+    if threads <= 1:
+        rows = [c for c in curves if c.split == "serial"]
+    else:
+        rows = ([c for c in curves if c.split == split]
+                or [c for c in curves if c.split in ("experts", "rows") and c.split != split])
     if main is None or not rows:
         return 1.0
     t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))

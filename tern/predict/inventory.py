@@ -419,7 +419,9 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         # an items matrix is one group of its items, expert-parallel calls share their groups
         pieces = divisor if key.split == "items" and threads > 1 else 1.0
         # rows longer (or, streamed, shorter) than the curve's stall more or less a byte (tern.probe.row_curves)
-        row = row_stall_factor(host, key.op, threads, w.units / w.rows / 4) if key.op in ROW_CURVE_OPS and w.rows else 1.0
+        row = (row_stall_factor(host, key.op, threads, w.units / w.rows / 4,
+                                "rows" if key.split in ("items", "rows") else "experts")
+               if key.op in ROW_CURVE_OPS and w.rows else 1.0)
         per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / pieces, w.rows / w.calls / pieces)
         if per_call is not None:
             extra += w.calls * per_call * pieces / divisor * row

@@ -168,7 +168,8 @@ _PASS_NAMES = {"ternary_matvec": "4-row pass", "ternary_stream": "streaming pass
 def plot_row_stall(profile: HostProfile, figsize: tuple[float, float] = (8.0, 4.5)) -> Figure:
     """The row passes' DRAM stall per weight byte against row length (packed bytes, log2 axis),
     over the stall at the row length of each pass's kernel curve (the predictor's factor,
-    tern.core.host_queries.row_stall_factor), one line per pass and thread count. ValueError
+    tern.core.host_queries.row_stall_factor), one line per pass, thread count and way of running
+    it over the threads. ValueError
     when the profile has no row curves (probed before profile version 5)."""
     from tern.probe.row_curves import reference_row_bytes, row_stall_points
 
@@ -179,9 +180,10 @@ def plot_row_stall(profile: HostProfile, figsize: tuple[float, float] = (8.0, 4.
     fig = TernFigure(figsize=figsize)
     ax = fig.add_subplot(1, 1, 1)
     xs = [rb for p in pts.values() for rb, _ in p]
-    for (op, t), p in pts.items():
+    for (op, split, t), p in pts.items():
+        how = "" if t == 1 else (", one matrix split" if split == "rows" else ", different matrices")
         ax.plot([rb for rb, _ in p], [f for _, f in p], marker="o", linestyle="-" if op == "ternary_matvec" else "--",
-                label=f"{_PASS_NAMES.get(op, op)}, {t} thread{'s' if t > 1 else ''} "
+                label=f"{_PASS_NAMES.get(op, op)}, {t} thread{'s' if t > 1 else ''}{how} "
                       f"(x its {format_bytes(reference_row_bytes(op))} rows)")
     ax.axhline(1.0, color="0.5", linewidth=0.8)
     _log2_bytes_axis(ax, min(xs), max(xs))

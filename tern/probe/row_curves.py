@@ -61,12 +61,13 @@ def row_shape(row_bytes: int) -> tuple[int, int]:
 
 
 def row_curve_plan(threads: tuple[int, ...] = (1,), quick: bool = False) -> list[tuple[str, str, int, int]]:
-    """(op, split, threads, row bytes) of every row curve a probe measures (quick: one thread,
-    three row lengths per op)."""
+    """(op, split, threads, row bytes) of every row curve a probe measures: one thread, and at
+    each larger thread count both ways the engine runs a matrix there ("experts": single-thread
+    calls on different matrices at once; "rows": one matrix's rows over the threads, as the
+    one-region step's items); quick: one thread, three row lengths per op."""
     table = QUICK_ROW_BYTES if quick else ROW_BYTES
-    counts = (1,) if quick else tuple(sorted(set(threads) | {1}))
-    return [(op, "serial" if t == 1 else "experts", t, rb) for t in counts for op in ROW_CURVE_OPS
-            for rb in table[op]]
+    runs = [("serial", 1)] + ([] if quick else [(s, t) for t in sorted(set(threads) - {1}) for s in ("experts", "rows")])
+    return [(op, split, t, rb) for split, t in runs for op in ROW_CURVE_OPS for rb in table[op]]
 
 
 def measure_row_curves(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
@@ -107,22 +108,22 @@ def _median_curve(curves: list[OpCurve]) -> OpCurve:
                                seconds_min=tuple(min(p) for p in pts), seconds_max=tuple(max(p) for p in pts))
 
 
-def row_stall_points(curves: list[OpCurve]) -> dict[tuple[str, int], list[tuple[int, float]]]:
-    """{(op, threads): [(row bytes, stall per byte over the curve row length's), ...]} of the row
-    curves, row lengths in order; a pass without a positive stall at its reference row length
-    is left out (nothing to scale)."""
+def row_stall_points(curves: list[OpCurve]) -> dict[tuple[str, str, int], list[tuple[int, float]]]:
+    """{(op, split, threads): [(row bytes, stall per byte over the curve row length's), ...]} of
+    the row curves, row lengths in order; a pass without a positive stall at its reference row
+    length is left out (nothing to scale)."""
     out = {}
     for op in ROW_CURVE_OPS:
-        for t in sorted({c.threads for c in curves if c.op == op}):
-            cs = sorted((c for c in curves if c.op == op and c.threads == t), key=lambda c: c.cols)
+        for split, t in sorted({(c.split, c.threads) for c in curves if c.op == op}, key=lambda st: (st[1], st[0])):
+            cs = sorted((c for c in curves if c.op == op and c.split == split and c.threads == t), key=lambda c: c.cols)
             ref = [stall_per_byte(c) for c in cs if c.cols // 4 == reference_row_bytes(op)]
             if ref and ref[0] > 0:
-                out[(op, t)] = [(c.cols // 4, stall_per_byte(c) / ref[0]) for c in cs]
+                out[(op, split, t)] = [(c.cols // 4, stall_per_byte(c) / ref[0]) for c in cs]
     return out
 
 
 def render_row_curves(curves: list[OpCurve]) -> str:
-    """Per op and thread count: the stall per byte at each row length over the curve row length's."""
-    return "\n".join(f"{op:<15} t{t}  DRAM stall per byte / {reference_row_bytes(op)} B rows'  "
+    """Per op, split and thread count: the stall per byte at each row length over the curve row length's."""
+    return "\n".join(f"{op:<15} t{t} {split:<7} DRAM stall per byte / {reference_row_bytes(op)} B rows'  "
                      + " ".join(f"{rb}B:{f:.2f}" for rb, f in pts)
-                     for (op, t), pts in row_stall_points(curves).items())
+                     for (op, split, t), pts in row_stall_points(curves).items())

@@ -51,9 +51,9 @@ def test_the_plan_times_every_row_length_and_each_curves_own():
     plan = row_curve_plan((1, 2))
     for op, lengths in ROW_BYTES.items():
         assert reference_row_bytes(op) in lengths and reference_row_bytes(op) in QUICK_ROW_BYTES[op]
-        for t, split in ((1, "serial"), (2, "experts")):
-            assert [rb for o, s, th, rb in plan if o == op and th == t] == list(lengths)
-            assert all(s == split for o, s, th, _ in plan if o == op and th == t)
+        for t, split in ((1, "serial"), (2, "experts"), (2, "rows")):
+            assert [rb for o, s, th, rb in plan if o == op and th == t and s == split] == list(lengths)
+    assert {(s, th) for _, s, th, _ in plan} == {("serial", 1), ("experts", 2), ("rows", 2)}
     assert {th for _, _, th, _ in row_curve_plan((1, 2), quick=True)} == {1}
     assert reference_row_bytes("ternary_matvec") == 256 and reference_row_bytes("ternary_stream") == 1024
     assert row_shape(640) == (400, 2560) and row_shape(1 << 20) == (16, 4 << 20)
@@ -83,13 +83,34 @@ def test_stall_factor_interpolates_in_row_bytes_and_holds_beyond():
     assert stall_per_byte(ROWS[0]) == pytest.approx(20e-12)
 
 
-def test_two_threads_read_the_experts_row_curves_and_fall_back_to_none():
+def test_two_threads_read_the_row_curves_of_their_split_and_fall_back_to_the_other():
     two = (row_curve("ternary_matvec", 256, 20.0, 2), row_curve("ternary_matvec", 1024, 30.0, 2))
+    split_rows = tuple(dataclasses.replace(c, split="rows") for c in (row_curve("ternary_matvec", 256, 20.0, 2),
+                                                                     row_curve("ternary_matvec", 1024, 24.0, 2)))
+    h = host(row_curves=ROWS + two + split_rows)
+    assert row_stall_factor(h, "ternary_matvec", 2, 1024) == pytest.approx(1.5)  # experts: the default
+    assert row_stall_factor(h, "ternary_matvec", 2, 1024, "rows") == pytest.approx(1.2)
+    assert row_stall_factor(h, "ternary_matvec", 1, 1024, "rows") == pytest.approx(2.0)  # one thread: serial
+    # a profile with one of the two ways only (e.g. session 33's first): the other stands in
+    assert row_stall_factor(host(row_curves=ROWS + two), "ternary_matvec", 2, 1024, "rows") == pytest.approx(1.5)
+    assert row_stall_factor(host(row_curves=ROWS + split_rows), "ternary_matvec", 2, 1024) == pytest.approx(1.2)
+    assert row_stall_factor(host(), "ternary_matvec", 2, 1024) == 1.0  # serial row curves only
+
+
+def test_the_one_region_steps_items_are_scaled_by_the_split_rows_curves():
+    """At 2 threads an "items" matrix (the one-region step splits its rows) takes the "rows" row
+    curves' factor, an expert-parallel one the "experts" curves'."""
+    two = (row_curve("ternary_matvec", 256, 20.0, 2), row_curve("ternary_matvec", 1024, 40.0, 2))
+    split_rows = tuple(dataclasses.replace(c, split="rows") for c in (row_curve("ternary_matvec", 256, 20.0, 2),
+                                                                     row_curve("ternary_matvec", 1024, 25.0, 2)))
     main2 = dataclasses.replace(MAIN, split="experts", threads=2)
-    h = host(row_curves=ROWS + two, op_curves=(MAIN, main2))
-    assert row_stall_factor(h, "ternary_matvec", 2, 1024) == pytest.approx(1.5)
-    assert row_stall_factor(h, "ternary_matvec", 1, 1024) == pytest.approx(2.0)
-    assert row_stall_factor(host(op_curves=(MAIN, main2)), "ternary_matvec", 2, 1024) == 1.0  # serial rows only
+    h = host(row_curves=ROWS + two + split_rows, op_curves=(MAIN, MAIN_STREAM, main2))
+    flat = host(row_curves=(), op_curves=(MAIN, MAIN_STREAM, main2))
+    work = OpWork(1.0, 1024.0, 4096.0 * 1024, 0.0)
+    for key, factor in ((WorkKey("ternary_matvec", "items", 2), 1.25), (WorkKey("ternary_matvec", "experts", 2), 2.0)):
+        plain, _ = curve_stall({key: work}, flat, 2, 1 << 30)
+        scaled, _ = curve_stall({key: work}, h, 2, 1 << 30)
+        assert plain > 0 and scaled == pytest.approx(factor * plain), key
 
 
 def test_curve_stall_scales_each_matrix_by_its_row_length():
@@ -133,7 +154,8 @@ def test_row_curves_are_measured_in_rounds_and_round_trip_in_a_profile(tmp_path,
     assert [(c.op, c.split, c.threads, c.cols // 4) for c in got] == [
         ("ternary_matvec", "serial", 1, 256), ("ternary_matvec", "serial", 1, 640), ("ternary_stream", "serial", 1, 1024),
         ("ternary_matvec", "experts", 2, 256), ("ternary_matvec", "experts", 2, 640),
-        ("ternary_stream", "experts", 2, 1024)]
+        ("ternary_stream", "experts", 2, 1024), ("ternary_matvec", "rows", 2, 256), ("ternary_matvec", "rows", 2, 640),
+        ("ternary_stream", "rows", 2, 1024)]
     for c in got:
         assert len(c.working_set_bytes) == 2 and c.working_set_bytes[1] <= 4 << 20
         assert all(lo <= m <= hi for lo, m, hi in zip(c.seconds_min, c.seconds, c.seconds_max, strict=True))
@@ -157,8 +179,8 @@ def test_the_row_stall_figure_draws_each_pass_and_refuses_a_profile_without(tmp_
     from tern.probe.row_curves import row_stall_points
 
     pts = row_stall_points(list(ROWS))
-    assert pts[("ternary_matvec", 1)] == [(256, 1.0), (512, pytest.approx(1.5)), (1024, pytest.approx(2.0))]
-    assert pts[("ternary_stream", 1)] == [(512, pytest.approx(0.5)), (1024, 1.0)]
+    assert pts[("ternary_matvec", "serial", 1)] == [(256, 1.0), (512, pytest.approx(1.5)), (1024, pytest.approx(2.0))]
+    assert pts[("ternary_stream", "serial", 1)] == [(512, pytest.approx(0.5)), (1024, 1.0)]
     fig = plot_row_stall(host())
     ax = fig.axes[0]
     assert len(ax.get_lines()) == 3  # two passes and the 1.0 line
