@@ -14,10 +14,15 @@ pass's 14-16: the streams are not the only cause, and the layout was not kept.)
 So the stall is measured against row length too: each pass runs as the curves run it (a
 cycle of ~256 KiB matrices in random order: :func:`tern.probe.curves.measure_curve`) on
 matrices of each row length of :data:`ROW_BYTES`, at two working sets, one matrix (cache
-resident) and the curves' largest (DRAM), at one thread and as ``threads`` single-thread
-calls at once (the "experts" way, which is how the one-region step runs its items). The
-predictor scales each matrix's curve stall by its row length's stall per byte over the
-curve row length's (tern.core.host_queries.row_stall_factor).
+resident) and the curves' largest (DRAM), at one thread and, at each larger thread count,
+both ways the engine runs a matrix there: ``threads`` single-thread calls on different
+matrices at once ("experts", as expert-parallel experts) and one matrix's rows over the
+threads ("rows", as the one-region step's items). The predictor scales each matrix's curve
+stall by its row length's stall per byte over the curve row length's, read off the curves
+of the way it runs (tern.core.host_queries.row_stall_factor). Intel Xeon VM, 2 threads, 640 B
+rows: 1.30x the 256 B rows' stall on different matrices, 1.13x within one matrix (23:58 UTC);
+the 2-thread predictions of three long-row ~10B models moved from 1.03 / 1.11 / 1.03 of their
+measurements (different-matrix factors for every matrix) to 0.98 / 1.08 / 1.02.
 """
 
 from __future__ import annotations
