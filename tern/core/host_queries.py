@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from tern.core.formats import get_format
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile, OpCurve, op_curve_for
 
@@ -144,6 +146,17 @@ def stall_per_byte(curve: OpCurve) -> float:
     return (curve.seconds[-1] - curve.seconds[0]) / (curve.rows * ((curve.cols + 3) // 4))
 
 
+def row_stall_ratios(curves: list[OpCurve] | tuple[OpCurve, ...], ref_row_bytes: int) -> list[tuple[int, float]] | None:
+    """[(row bytes, stall per byte over the stall at ``ref_row_bytes``), ...] of the row curves
+    of one pass, split and thread count, row lengths in order; None without a positive stall
+    at the reference length (nothing to scale)."""
+    pts = sorted(((c.cols + 3) // 4, stall_per_byte(c)) for c in curves)
+    ref = [s for rb, s in pts if rb == ref_row_bytes]
+    if not ref or ref[0] <= 0:
+        return None
+    return [(rb, max(s, 0.0) / ref[0]) for rb, s in pts]
+
+
 def row_stall_factor(host: HostProfile, op: str, threads: int, row_bytes: float, split: str = "experts") -> float:
     """How many times the stall per byte of ``op``'s kernel curve a matrix of ``row_bytes``
     packed bytes a row pays (the profile's row curves at the thread count nearest
@@ -163,20 +176,14 @@ def row_stall_factor(host: HostProfile, op: str, threads: int, row_bytes: float,
                 or [c for c in curves if c.split in ("experts", "rows") and c.split != split])
     if main is None or not rows:
         return 1.0
-    t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))
-    pts = sorted(((c.cols + 3) // 4, stall_per_byte(c)) for c in rows if c.threads == t)
     ref_rb = (main.cols + 3) // 4
-    ref = [s for rb, s in pts if rb == ref_rb]
-    if not ref or ref[0] <= 0 or (op == "ternary_matvec" and row_bytes <= ref_rb):
+    if op == "ternary_matvec" and row_bytes <= ref_rb:
         return 1.0
-    xs, ys = [rb for rb, _ in pts], [max(s, 0.0) / ref[0] for _, s in pts]
-    if row_bytes <= xs[0]:
-        return ys[0]
-    for i in range(1, len(xs)):
-        if row_bytes <= xs[i]:
-            f = (row_bytes - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return ys[i - 1] + f * (ys[i] - ys[i - 1])
-    return ys[-1]
+    t = min({c.threads for c in rows}, key=lambda a: (abs(a - threads), -a))
+    ratios = row_stall_ratios([c for c in rows if c.threads == t], ref_rb)
+    if ratios is None:
+        return 1.0
+    return float(np.interp(row_bytes, [rb for rb, _ in ratios], [f for _, f in ratios]))
 
 
 # ---- effective tiers: read off the measured curve, /sys sizes only a hint --------------------

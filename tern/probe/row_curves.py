@@ -35,7 +35,7 @@ import numpy as np
 from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
-from tern.core.host_queries import ROW_CURVE_OPS, stall_per_byte
+from tern.core.host_queries import ROW_CURVE_OPS, row_stall_ratios
 from tern.probe.curves import CURVE_SHAPES, CurveBuffer, measure_curve
 from tern.probe.timing import TimingConfig
 
@@ -115,15 +115,15 @@ def _median_curve(curves: list[OpCurve]) -> OpCurve:
 
 def row_stall_points(curves: list[OpCurve]) -> dict[tuple[str, str, int], list[tuple[int, float]]]:
     """{(op, split, threads): [(row bytes, stall per byte over the curve row length's), ...]} of
-    the row curves, row lengths in order; a pass without a positive stall at its reference row
-    length is left out (nothing to scale)."""
+    the row curves (tern.core.host_queries.row_stall_ratios); a pass without a positive stall at
+    its reference row length is left out (nothing to scale)."""
     out = {}
     for op in ROW_CURVE_OPS:
         for split, t in sorted({(c.split, c.threads) for c in curves if c.op == op}, key=lambda st: (st[1], st[0])):
-            cs = sorted((c for c in curves if c.op == op and c.split == split and c.threads == t), key=lambda c: c.cols)
-            ref = [stall_per_byte(c) for c in cs if c.cols // 4 == reference_row_bytes(op)]
-            if ref and ref[0] > 0:
-                out[(op, split, t)] = [(c.cols // 4, stall_per_byte(c) / ref[0]) for c in cs]
+            ratios = row_stall_ratios([c for c in curves if c.op == op and c.split == split and c.threads == t],
+                                      reference_row_bytes(op))
+            if ratios is not None:
+                out[(op, split, t)] = ratios
     return out
 
 
