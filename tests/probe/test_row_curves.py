@@ -189,3 +189,18 @@ def test_the_row_stall_figure_draws_each_pass_and_refuses_a_profile_without(tmp_
     assert (tmp_path / "rows.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no row-length curves"):
         plot_row_stall(host(row_curves=()))
+
+
+def test_a_malformed_row_curve_in_a_profile_file_is_a_clear_error(tmp_path):
+    prof = HostProfile("t", True, {}, (), "test", (), row_curves=ROWS)
+    prof.save(tmp_path / "p.json")
+    d = json.loads((tmp_path / "p.json").read_text())
+    d["row_curves"][0].pop("seconds")  # a field missing
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="bad.json.*malformed"):
+        HostProfile.load(tmp_path / "bad.json")
+    d = json.loads((tmp_path / "p.json").read_text())
+    d["row_curves"][0]["seconds"] = [1e-5, float("nan")]  # a time that is not a number
+    (tmp_path / "nan.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="nan.json.*finite number"):
+        HostProfile.load(tmp_path / "nan.json")
