@@ -25,6 +25,8 @@ JSON_FIELDS = """\
   op_costs: [{op, threads, call_s, row_s, unit_s (seconds: call + row x rows + unit x units),
              samples, max_rel_err}]: engine operation costs the roofline prices work with
   wall_s: probe wall time in seconds
+  compile_s: the part of wall_s numba spent compiling kernels (first run on a machine, or after an
+             engine change; ~0 once numba's cache is warm); null in profiles written before it was kept
   stream_prefetch: {choice: {threads: prefetch or not}, off_over_on: {threads: ratio}, stream: {threads:
                    stream DRAM long rows, or the 4-row pass}, rows_over_stream: {threads: ratio}, tuning_path:
                    where the engine reads the choices (null with --no-tuning)}; absent with --no-op-costs"""
@@ -80,9 +82,17 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _compile_note(result: dict[str, Any]) -> str:
+    """', N s of it numba compiling ...' when compiling took a noticeable share (a fresh machine)."""
+    c = result.get("compile_s")
+    if not c or c < 1.0:
+        return ""
+    return f", {c:.0f} s of it numba compiling the kernels once: cached for the next runs"
+
+
 def cli_render(result: dict[str, Any]) -> str:
     prof = HostProfile.load(result["profile_path"])
-    parts = [f"{result['cpu_model']} ({result['mode']} probe, {result['wall_s']} s; "
+    parts = [f"{result['cpu_model']} ({result['mode']} probe, {result['wall_s']} s{_compile_note(result)}; "
              f"read kernel uses {result['read_kernel_simd']})",
              format_cache_table(prof), format_plateau_table(prof), format_kernel_table(prof)]
     if prof.op_costs:

@@ -168,6 +168,7 @@ def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -
                     for k in profile.kernels],
         "op_costs": [asdict(c) for c in profile.op_costs],
         "wall_s": profile.host.get("probe_wall_s"),
+        "compile_s": profile.host.get("probe_compile_s"),
     }
 
 
@@ -190,4 +191,5 @@ def probe_headlines(profile: HostProfile) -> dict[str, Any]:
     for k in profile.kernels:
         h[f"{k.kernel}_{k.rows}x{k.cols}_{k.threads}t_gops"] = round(k.gops_median, 1)
     h["probe_wall_s"] = profile.host.get("probe_wall_s")
+    h["probe_compile_s"] = profile.host.get("probe_compile_s")
     return h

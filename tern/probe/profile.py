@@ -35,7 +35,7 @@ from tern.core.host_profile import HostProfile, KernelThroughput
 from tern.core.records import run_metadata
 from tern.kernels.policy import EnginePolicy
 from tern.probe.bandwidth import KERNELS, SweepConfig, default_max_ws_bytes, format_bytes
-from tern.probe.timing import TimingConfig
+from tern.probe.timing import CompileClock, TimingConfig
 
 DEFAULT_OUT = "results/host_profile.json"
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
@@ -183,13 +183,23 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
               progress: bool = True, tuning: bool = True) -> HostProfile:
     """Measure this host and return its HostProfile (saved atomically to ``out`` if given).
     ``tuning``: save the DRAM rows' choices (stream or 4-row pass, the stream's prefetch) for
-    this CPU where the engine reads them (tern.core.engine_tuning; its path goes into ``host["stream_prefetch"]``)."""
+    this CPU where the engine reads them (tern.core.engine_tuning; its path goes into ``host["stream_prefetch"]``).
+    ``host["probe_compile_s"]``: the part of ``probe_wall_s`` numba spent compiling (:class:`CompileClock`)."""
+    config = config or probe_config()
+    with CompileClock() as compiling:
+        profile = _measure(config, out, progress, tuning, compiling)
+    if out is not None:
+        profile.save(out)
+    return profile
+
+
+def _measure(config: ProbeConfig, out: str | os.PathLike | None, progress: bool, tuning: bool,
+             compiling: CompileClock) -> HostProfile:
     import numba
 
     from tern.probe import kernel_table as kernel_bench
     from tern.probe.bandwidth import read_kernel_simd, sweep
 
-    config = config or probe_config()
     t0 = time.perf_counter()
     topo = read_topology(config.sys_root)
     caches, source = detect_caches(config.sys_root, topology=topo)
@@ -257,6 +267,8 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                   "repeats": sc.timing.repeats, "warmup_s": sc.timing.warmup_s,
                   "repeat_order": "rounds"},  # each curve's repeats interleaved, see sweep()
         "probe_wall_s": round(time.perf_counter() - t0, 2),
+        # of which numba compiling (a fresh machine or an engine change; 0 with a warm cache)
+        "probe_compile_s": round(compiling.seconds, 2),
     })
     if most > 1:  # where the threads' cores sit (tern.probe.core_latency): it moves every 2-thread figure
         from tern.probe.core_latency import measure_round_trip
@@ -272,8 +284,6 @@ def run_probe(config: ProbeConfig | None = None, out: str | os.PathLike | None =
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),
                           op_curves=tuple(op_curves), engine_runs=tuple(engine_runs), row_curves=tuple(row_curves))
-    if out is not None:
-        profile.save(out)
     return profile
 
 

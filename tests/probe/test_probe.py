@@ -568,6 +568,7 @@ def test_tiny_probe_round_trips(tmp_path, monkeypatch):
         assert key in prof.host
     assert all(p.repeats == 2 and len(p.runs_gbps) == 2 and p.gbps_min is not None for p in prof.bandwidth)
     assert prof.host["sweep"]["repeat_order"] == "rounds"
+    assert 0.0 <= prof.host["probe_compile_s"] <= prof.host["probe_wall_s"]  # a part of the wall time
     loaded = HostProfile.load(out)
     assert loaded == prof
     assert "L3" in plateaus.format_cache_table(loaded) and "int8_matvec" in plateaus.format_kernel_table(loaded)
@@ -590,6 +591,10 @@ def test_a_two_thread_probe_records_where_the_threads_sit(tmp_path):
     text = cli_render({"profile_path": str(out), "cpu_model": "x", "mode": "quick", "wall_s": 1.0,
                        "read_kernel_simd": "avx2"})
     assert f"threads' round trip: {trip['round_trip_ns']:.0f} ns" in text
+    assert "compiling" not in text  # no compile time given: nothing said
+    compiled = cli_render({"profile_path": str(out), "cpu_model": "x", "mode": "quick", "wall_s": 163.0,
+                           "compile_s": 137.6, "read_kernel_simd": "avx2"})
+    assert "(quick probe, 163.0 s, 138 s of it numba compiling the kernels once" in compiled
     one = probe.run_probe(dataclasses.replace(cfg, sweep=dataclasses.replace(sweep, thread_counts=(1,))),
                           progress=False, tuning=False)
     assert "core_round_trip" not in one.host  # one thread: no pair to time
