@@ -64,7 +64,14 @@ def test_answers_are_drawn_from_the_headlines():
     by = {a.step: a.text for a in rows}
     assert [a.step for a in rows] == ["probe", "predict", "train", "run", "measure", "decide"]
     assert by["probe"] == ("read L1 210 / 403 · L2 116 / 225 · L3 96.8 / 188 · DRAM 31.6 / 34.6 GB/s "
-                           "(1 / 2 threads); last-level cache 32 MiB; AMD EPYC, quick probe")
+                           "(1 / 2 threads); last-level cache 32 MiB; AMD EPYC, quick probe; the probe took 19.8 s")
+    fresh = answers({**HEADLINES, "01_probe_host": {**HEADLINES["01_probe_host"], "probe_wall_s": 166.8,
+                                                   "probe_compile_s": 139.9}})[1][0].text
+    assert fresh.endswith("AMD EPYC, quick probe; the probe took 167 s, 140 s of it numba compiling (once; "
+                          "cached for the next runs)")
+    warm = answers({**HEADLINES, "01_probe_host": {**HEADLINES["01_probe_host"], "probe_wall_s": 26.5,
+                                                  "probe_compile_s": 0.6}})[1][0].text
+    assert warm.endswith("quick probe; the probe took 26.5 s")  # a warm cache: nothing said of compiling
     assert by["predict"].startswith("sandbox 6,570 / 6,520 · 10b 38.6 / 63.7 tok/s (1 / 2 threads)")
     assert "31,200" not in by["predict"]  # the reference PC only when this host has no profile
     assert by["predict"].endswith("a 10B-total model reaches 100 tok/s if a token reads at most "
