@@ -13,8 +13,8 @@ bandwidth at the model's working set (tern.measure.utilisation; None without a p
 
 Differences that remain between the pairs: tern's attention has no positional encoding
 (llama.cpp applies RoPE to q and k) and llama.cpp's KV cache is f16 (tern's fp32); tern
-reads fp16 tables as stored and converts int8 routers to fp32 at load
-(``engine_bytes_per_token`` counts what it reads).
+reads fp16 tables and int8 routers as stored (``engine_bytes_per_token`` counts what it reads;
+engines before EnginePolicy.router_int8 read int8 routers as an fp32 table).
 A GQA shape (``n_kv_heads``) exists only in the GGUF: compare such rows per byte read.
 """
 

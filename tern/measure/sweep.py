@@ -422,10 +422,10 @@ def solve_efficiency(cfg: ModelConfig, host: HostProfile, threads: int, overhead
 
     from tern.core.host_queries import engine_llc_bytes
     from tern.predict.pools import two_pool
-    from tern.predict.roofline import host_engine_policy, predict_pools
+    from tern.predict.roofline import host_engine_policy, predict_pools, router_table_bytes
 
-    # what predict(cfg, host, ...) prices, built once
-    pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host), host_engine_policy(host))
+    policy = host_engine_policy(host)  # what predict(cfg, host, ...) prices, built once
+    pools = two_pool(cfg, cfg.attn_window, engine_llc_bytes(host), policy, router_table_bytes(host, policy))
 
     def s_per_token(eff: float) -> float:
         cal = {f"per_token_overhead_s_t{threads}": overhead_s, f"bandwidth_efficiency_t{threads}": eff}

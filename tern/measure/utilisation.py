@@ -58,14 +58,15 @@ def decode_utilisation(tok_per_s: float, bytes_per_token: float, working_set_byt
 
 
 def engine_bytes_per_token(cfg: ModelConfig, dense16: str = "direct", b3: str = "auto",
-                           llc_bytes: int | None = None) -> int:
+                           llc_bytes: int | None = None, router_int8: bool = True) -> int:
     """Bytes tern's engine reads per token: the active bytes of ``cfg``
     (tern.core.config.param_counts), except where tern.run.engine converts at load: int8
-    routers are read as fp32, base-3 ternary matrices as ternary2 unless read as stored
+    routers are read as stored by today's engine (as fp32 by engines before
+    EnginePolicy.router_int8: ``router_int8=False``), base-3 ternary matrices as ternary2 unless read as stored
     (``b3``, "auto" resolved with ``llc_bytes`` as the engine does), and with
     ``dense16="expand"`` (tern.run.engine's option; default "direct" reads them as stored)
     fp16 / bf16 embedding and head rows and routers as fp32."""
-    return param_counts(cfg).active.bytes + sum(engine_extra_bytes(cfg, dense16, b3, llc_bytes))
+    return param_counts(cfg).active.bytes + sum(engine_extra_bytes(cfg, dense16, b3, llc_bytes, router_int8))
 
 
 def row_utilisation(row: dict[str, Any], host: HostProfile | None,

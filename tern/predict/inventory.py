@@ -131,8 +131,15 @@ def _add(work: Work, key: WorkKey | str, calls: float, rows: float, units: float
     work[key] = OpWork(w.calls + calls, w.rows + rows, w.units + units, w.tails + tails)
 
 
-# ops priced with another op's cost when a profile predates them (same kernel family)
-COST_FALLBACK = {"ternary_stream": "ternary_matvec"}
+# ops priced with another op's cost when a profile predates them (same kernel family; the int8
+# router's: the head's matvec, its curves and the fp32 table's bytes, roofline.router_table_bytes)
+ROUTER_OP = "router_int8"
+COST_FALLBACK = {"ternary_stream": "ternary_matvec", ROUTER_OP: "int8_matvec"}
+
+
+def priced_op(host: Any, op: str) -> str:
+    """The op whose cost prices ``op`` on ``host``: its own if timed, else its :data:`COST_FALLBACK`."""
+    return COST_FALLBACK[op] if op in COST_FALLBACK and op_cost_for(host.op_costs, op, 1) is None else op
 
 
 def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
@@ -166,10 +173,11 @@ def experts_parallel(cfg: ModelConfig, policy: EnginePolicy = CURRENT_POLICY) ->
 
 
 def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_rb: int = 0, ep: int = 0,
-            policy: EnginePolicy = CURRENT_POLICY, serial: bool = False) -> None:
+            policy: EnginePolicy = CURRENT_POLICY, serial: bool = False, op: str | None = None) -> None:
+    """``op``: the op that prices it where not the format's matvec (the int8 router's kernel)."""
     tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
     cap = -(-rows // REGION_ROW_ALIGN)  # the one-region step's items are whole 16-row blocks
-    _add(work, _key(_matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy, cap),
+    _add(work, _key(op or _matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy, cap),
          n, n * rows, n * rows * cols, tails)
 
 
@@ -231,10 +239,11 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
             if cfg.n_shared:
                 skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb, policy=policy)
             # router logits (fp32 math; split by the one-region step where EnginePolicy.region_router_split):
-            # int8 rows read as int8 where EnginePolicy.router_int8, else as the fp32 table older engines built
+            # int8 rows by the router kernel (op router_int8) where EnginePolicy.router_int8, else an fp32 table
             router_fmt = "int8" if policy.router_int8 and cfg.router_format == "int8" else "fp32"
             _matvec(res, router_fmt, cfg.n_experts, D, policy=policy,
-                    serial=not (policy.region and policy.region_router_split))
+                    serial=not (policy.region and policy.region_router_split),
+                    op=ROUTER_OP if router_fmt == "int8" else None)
             _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
             skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
                                   experts_parallel(cfg, policy), policy)
@@ -256,7 +265,7 @@ REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its
 
 # weight bytes read per unit of each matrix op (units are weights; the others read state)
 WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25,
-                         "int8_matvec": 1.0, "fp32_matvec": 4.0}
+                         "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0}
 
 
 def parallel_byte_share(work: Work, threads: int) -> float:
@@ -410,6 +419,12 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
     (tern.core.host_queries.row_stall_factor: 1.0 for profiles without row curves)."""
     if not getattr(host, "op_curves", ()):
         return None
+    if priced_op(host, ROUTER_OP) != ROUTER_OP:  # a profile from before: the router as the int8 head's matvec
+        merged: Work = {}
+        for key, w in work.items():
+            k = WorkKey(COST_FALLBACK[ROUTER_OP], key.split, key.experts) if key.op == ROUTER_OP else key
+            _add(merged, k, *w)
+        work = merged
     extra = covered = 0.0
     for key, w in work.items():
         if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:

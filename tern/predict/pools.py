@@ -81,11 +81,14 @@ def decoded_context(tokens: int | None, window: int) -> int | None:
 
 
 def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None = None,
-             engine_policy: EnginePolicy = CURRENT_POLICY) -> TwoPool:
+             engine_policy: EnginePolicy = CURRENT_POLICY, router_table: bool | None = None) -> TwoPool:
     """The pools of ``cfg`` at ``context`` positions of attention cache (None: a full
     window, the steady state of a long generation); ``llc_bytes`` (see
     :func:`engine_llc_bytes`) decides which matrices the engine streams, ``engine_policy``
-    which it splits over threads (a measured row's own: EnginePolicy.of_record). Counts come from
+    which it splits over threads (a measured row's own: EnginePolicy.of_record); ``router_table``:
+    count int8 routers at 4 bytes a weight (None: where the engine read them as an fp32 table,
+    engines before EnginePolicy.router_int8; tern.predict.roofline.router_table_bytes also for
+    profiles that priced them so). Counts come from
     :func:`tern.core.config.param_counts`; ops count 2 per weight read (multiply-add), plus
     the SSM scan (~6 fp32 ops per state element) and attention over the window."""
     if context is None:
@@ -113,7 +116,8 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
     res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes, engine_policy)
-    extra_res, extra_st = engine_extra_bytes(cfg, llc_bytes=llc_bytes)
+    table = (not engine_policy.router_int8) if router_table is None else router_table
+    extra_res, extra_st = engine_extra_bytes(cfg, llc_bytes=llc_bytes, router_int8=not table)
     return TwoPool(cfg.name, pc.resident.bytes + extra_res, pc.streamed.bytes + extra_st, pc.expert_bytes_total,
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
                    pc.active.params, res_ops, st_ops, res_work, st_work,
@@ -121,10 +125,12 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
 
 
 def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "auto",
-                       llc_bytes: int | None = None) -> tuple[int, int]:
+                       llc_bytes: int | None = None, router_int8: bool = True) -> tuple[int, int]:
     """(resident, streamed) bytes per token the engine reads beyond the file's active bytes
     (tern.core.config.param_counts), where tern.run.engine converts at load: int8 routers
-    are read as fp32 (routing math is fp32, docs/MODEL.md), base-3 ternary matrices as
+    are read as stored by today's engine (``router_int8``, EnginePolicy.router_int8: a row at
+    a time dequantized into an L1 scratch row) and as an fp32 table by engines before it
+    (``router_int8=False``: 3 more bytes a weight), base-3 ternary matrices as
     ternary2 unless the engine reads them as stored (``b3``: the engine's option, "auto"
     resolved with the last-level cache of ``llc_bytes`` as tern.kernels.policy.b3_direct
     does), and with ``dense16="expand"`` (the engine's option; default "direct" reads
@@ -146,7 +152,8 @@ def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "aut
                 res += V * D * 2 + D * 4
             else:
                 res += D * 2  # one row at 4 bytes, not 2
-        elif s.group == "router" and (s.format == "int8" or (expand and s.format in ("fp16", "bf16"))):
+        elif s.group == "router" and ((s.format == "int8" and not router_int8)
+                                      or (expand and s.format in ("fp16", "bf16"))):
             res += s.numel * 4 - tensor_bytes(s.format, s.shape)
         elif s.format == "ternary_b3" and not b3_stored:
             grow = tensor_bytes("ternary2", s.shape) - tensor_bytes(s.format, s.shape)

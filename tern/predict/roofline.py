@@ -101,8 +101,10 @@ from tern.core.host_queries import (
 )
 from tern.kernels.policy import EnginePolicy
 from tern.predict.inventory import (
+    ROUTER_OP,
     curve_stall,
     parallel_byte_share,
+    priced_op,
     work_breakdown,
     work_inventory,
     work_seconds,
@@ -174,6 +176,16 @@ def host_engine_policy(host: HostProfile) -> EnginePolicy:
     return EnginePolicy.of_record(host.host)
 
 
+def router_table_bytes(host: HostProfile, engine_policy: EnginePolicy) -> bool:
+    """Count int8 routers at 4 bytes a weight (tern.predict.pools.two_pool's ``router_table``)?
+    Where the engine read them as an fp32 table (engines before EnginePolicy.router_int8), and
+    for profiles that did not time the engine's router kernel (op ``router_int8``, probes
+    before session 34): those priced the router with the int8 head's kernel plus the table's 3
+    more bytes a weight, which stood in for the router kernel's slower rows, and keep that
+    pricing (so their committed figures stay as they were)."""
+    return not engine_policy.router_int8 or priced_op(host, ROUTER_OP) != ROUTER_OP
+
+
 def curves_stream_prefetch(host: HostProfile, threads: int) -> bool:
     """The streaming-kernel prefetch ``host``'s curves were timed with at ``threads``: its
     probe's choice (tern.probe.stream_prefetch), else its engine_policy's (older profiles: on)."""
@@ -235,7 +247,7 @@ def engine_context(host: HostProfile, threads: int = 1) -> tuple[float, float]:
     for r in mine:
         cfg = ModelConfig.from_dict(r.config)
         ctx = decoded_context(r.tokens, cfg.attn_window)  # each run decodes from a reset
-        pools = two_pool(cfg, ctx, llc, measured_by)
+        pools = two_pool(cfg, ctx, llc, measured_by, router_table_bytes(host, measured_by))
         p = predict_pools(pools, host, t, _engine=(0.0, 1.0))
         items = sum(expert_items_seconds(w, host, t) for w in (pools.resident_work, pools.streamed_work))
         compute = p.resident.compute_s + p.streamed.compute_s - items
@@ -351,7 +363,8 @@ def predict(cfg: ModelConfig, host: HostProfile, threads: int = 1, context: int 
     if fmt is not None:
         cfg = with_format(cfg, fmt)
     ctx = cfg.attn_window if context is None else context
-    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host), engine_policy), host, threads, policy, ctx)
+    return predict_pools(two_pool(cfg, ctx, engine_llc_bytes(host), engine_policy,
+                                  router_table_bytes(host, engine_policy)), host, threads, policy, ctx)
 
 
 # ---- sweeps (the data behind the plots and the explorer) -----------------------------------

@@ -17,6 +17,10 @@ ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + 
                    cost is the accumulator set-up and scaling)
 int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
 fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
+router_int8        kernels_stored._router_int8: an int8 router, each row  call + row x rows + unit x weights
+                   dequantized into an L1 row and summed by the fp32 row
+                   dot (1 thread only: the one-region step splits its
+                   rows into single-thread items)
 ssm_step           ops.selective_scan_step (dt projection + scan)        call + row x d_inner*dt_rank + unit x d_inner*d_state
 attention          ops.attend (all heads, n cached positions)            call + unit x n*d_model
 vector             ops.rmsnorm + quant.quantize_act of one vector        call + unit x length
@@ -56,7 +60,8 @@ from tern.probe.bandwidth import numba_threads
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
-OPS = MATVEC_OPS + ("ssm_step", "attention", "vector")
+ROUTER_OP = "router_int8"  # timed at 1 thread only (tern.predict.inventory prices its items there)
+OPS = MATVEC_OPS + (ROUTER_OP, "ssm_step", "attention", "vector")
 REGION_OP = "region_phase"  # timed at threads > 1 only (tern.predict.inventory prices it there)
 _REGION_PHASES = (4, 32, 128, 512)
 
@@ -66,6 +71,8 @@ _MATVEC_SHAPES = {
                 (512, 384), (1536, 384), (256, 640), (768, 1152)),  # the last four: partial segments
     "int8": ((64, 256), (512, 256), (1024, 256), (256, 1024), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (256, 512), (128, 1024)),
+    # routers: E experts x d_model (the sweep's 4m family has up to 2,676 x 256; the 10B picks 256 x 1,024)
+    "router": ((64, 256), (512, 256), (2048, 256), (256, 1024), (128, 2048)),
 }
 # parallel variants: the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
 _PAR_SHAPES = {
@@ -78,6 +85,7 @@ _QUICK_SHAPES = {
     "ternary": ((32, 256), (1024, 256), (128, 4096), (1536, 384)),
     "int8": ((64, 256), (1024, 256), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (128, 1024)),
+    "router": ((64, 256), (2048, 256), (128, 2048)),
 }
 # (Di, N, R); dt_rank R varies apart from Di so the fit separates the dt projection (Di x R)
 # from the scan (Di x N)
@@ -93,6 +101,7 @@ _VECTOR_SIZES = (128, 512, 2048, 8192)
 # ---- numba drivers: the repetition loop runs inside numba ----------------------------------
 def _drivers():
     from tern.kernels import kernels_dense as kd
+    from tern.kernels import kernels_stored as ks
     from tern.kernels import kernels_ternary as kt
     from tern.kernels import ops
     from tern.kernels.quant import quantize_act
@@ -124,6 +133,11 @@ def _drivers():
                 ops.matvec_int8w_par(W, S, x, out)
             else:
                 ops.matvec_int8w(W, S, x, out)
+
+    @numba.njit(cache=True)
+    def router(Wq, sc, xn, out, count):
+        for _ in range(count):
+            ks._router_int8(Wq, sc, xn, out)
 
     @numba.njit(cache=True)
     def fp32(W, x, out, count, par):
@@ -169,7 +183,7 @@ def _drivers():
 
     # the cached drivers embed the engine's kernels: drop them when those files changed
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "int8": int8, "fp32": fp32, "ssm": ssm, "attn": attn,
+    return {"ternary": ternary, "int8": int8, "router": router, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector, "region": region}
 
 
@@ -235,6 +249,12 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         W = rng.integers(-127, 128, (r, c)).astype(np.int8)
         S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return (lambda n: d["int8"](W, S, x, out, n, par)), r, float(r * c)
+    if op == ROUTER_OP:
+        r, c = shape
+        W = rng.integers(-127, 128, (r, c)).astype(np.int8)
+        S = (0.01 * (1.0 + rng.random(r))).astype(f32)
+        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return (lambda n: d["router"](W, S, x, out, n)), r, float(r * c)
     if op == "fp32_matvec":
         r, c = shape
         W = rng.standard_normal((r, c)).astype(f32)
@@ -275,6 +295,8 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
         if threads > 1:
             return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]
         return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]
+    if op == ROUTER_OP:  # one thread: its items run the single-thread kernel
+        return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)["router"] if threads == 1 else ()
     if op == "ssm_step":
         return tuple(_SSM_SHAPES[i] for i in _SSM_QUICK) if quick else _SSM_SHAPES
     if op == "attention":

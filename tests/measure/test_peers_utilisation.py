@@ -64,20 +64,26 @@ def test_engine_bytes_count_the_engines_load_time_conversions(tmp_path):
     D, V, E = CFG.d_model, CFG.vocab_size, CFG.n_experts
     routers_fp32 = CFG.n_layers * E * D * 4
     routers_file = sum(s.nbytes for s in tensor_specs(CFG) if s.group == "router")
-    assert engine_bytes_per_token(CFG) == pc.active.bytes + routers_fp32 - routers_file  # fp16 read as stored
-    want = pc.active.bytes + V * D * 2 + D * 2 + routers_fp32 - routers_file
-    assert engine_bytes_per_token(CFG, dense16="expand") == want
+    assert engine_bytes_per_token(CFG) == pc.active.bytes  # int8 routers and fp16 tables read as stored
+    # engines before EnginePolicy.router_int8 read int8 routers as an fp32 table
+    assert engine_bytes_per_token(CFG, router_int8=False) == pc.active.bytes + routers_fp32 - routers_file
+    assert engine_bytes_per_token(CFG, dense16="expand") == pc.active.bytes + V * D * 2 + D * 2
     fp32 = CFG.replace(embed_format="fp32", head_format="fp32", router_format="fp32")
     assert engine_bytes_per_token(fp32) == param_counts(fp32).active.bytes  # nothing converted
     fp16 = CFG.replace(router_format="fp16")
     assert engine_bytes_per_token(fp16) == param_counts(fp16).active.bytes
-    # the engine holds the int8 routers as fp32 copies, and (dense16="expand") the fp16 tables
-    path = random_model(CFG, tmp_path / "u.tern", seed=0)
-    for dense16, fp32_tables in (("direct", 0), ("expand", 2 * V * D * 4)):
-        eng = Engine(path, dense16=dense16)
-        assert routers_fp32 + fp32_tables <= eng.aux.size < routers_fp32 + fp32_tables + 2 * V * D * 2
-        assert np.isfinite(eng.step(1)).all()
-        eng.close()
+    # the engine builds no fp32 router table (its aux buffer is the same whatever the router's
+    # format); dense16="expand" holds the fp16 embedding and head as fp32 tables
+    aux = {}
+    for name, cfg in (("int8", CFG), ("fp32", CFG.replace(router_format="fp32"))):
+        path = random_model(cfg, tmp_path / f"{name}.tern", seed=0)
+        for dense16 in ("direct", "expand"):
+            eng = Engine(path, dense16=dense16)
+            aux[name, dense16] = eng.aux.size
+            assert np.isfinite(eng.step(1)).all()
+            eng.close()
+    assert aux["int8", "direct"] == aux["fp32", "direct"]
+    assert aux["int8", "expand"] - aux["int8", "direct"] >= 2 * V * D * 4
 
 
 def test_engine_bytes_follow_the_engines_b3_choice():

@@ -29,7 +29,8 @@ def test_inventory_counts_every_weight_once(preset):
     assert _units(res, "ternary_matvec") + _units(res, "ternary_skip") == linear
     assert _units(st, "ternary_matvec") + _units(st, "ternary_skip") == param_counts(cfg).streamed.params
     head = g["embed"] if cfg.tie_embeddings else g["head"]
-    assert _units(res, "int8_matvec") + _units(res, "fp32_matvec") == head + g.get("router", 0)
+    assert _units(res, "int8_matvec") + _units(res, "fp32_matvec") + _units(res, "router_int8") \
+        == head + g.get("router", 0)
     n_ssm = sum(cfg.mixer(i) == "ssm" for i in range(cfg.n_layers))
     assert _units(res, "ssm_step") == n_ssm * cfg.d_inner * cfg.d_state
     assert res[WorkKey("ssm_step")].rows == n_ssm * cfg.d_inner * cfg.dt_rank_eff  # rows: the dt projection
@@ -258,21 +259,31 @@ def test_serial_bytes_stream_at_one_threads_bandwidth():
 
 
 def test_the_pools_count_the_bytes_the_engine_reads_not_the_file_s():
-    """An int8 router is dequantized to fp32 at load (tern.run.engine): each token reads it
-    at 4 bytes per weight, so the resident pool grows by 3 bytes per router weight (less the
-    file's per-row scales); an fp32 router reads as stored."""
+    """Today's engine reads an int8 router as stored (EnginePolicy.router_int8): the pools hold
+    the file's bytes. Engines before it dequantized it to fp32 at load and read 4 bytes per
+    weight: rows measured with them (their record's policy) price 3 more bytes per router
+    weight (less the file's per-row scales). An fp32 router reads as stored either way."""
     from conftest import SMALL
 
     from tern.core.config import param_counts
+    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY
+    from tern.measure.utilisation import engine_bytes_per_token
     from tern.predict.pools import engine_extra_bytes, two_pool
 
     moe = SMALL.replace(moe_layers=(0, 1, 2), n_experts=8, top_k=2, expert_hidden=32, mlp_hidden=0,
                         router_format="int8")
-    router = param_counts(moe).by_group["router"]
-    assert engine_extra_bytes(moe) == (router.params * 4 - router.bytes, 0)
-    assert two_pool(moe).resident_bytes == param_counts(moe).resident.bytes + router.params * 4 - router.bytes
+    pc = param_counts(moe)
+    router = pc.by_group["router"]
+    assert engine_extra_bytes(moe) == (0, 0)
+    assert two_pool(moe).resident_bytes == two_pool(moe, engine_policy=CURRENT_POLICY).resident_bytes \
+        == pc.resident.bytes
+    assert engine_bytes_per_token(moe) == pc.active.bytes
+    legacy = router.params * 4 - router.bytes
+    assert engine_extra_bytes(moe, router_int8=False) == (legacy, 0)
+    assert two_pool(moe, engine_policy=LEGACY_POLICY).resident_bytes == pc.resident.bytes + legacy
+    assert engine_bytes_per_token(moe, router_int8=False) == pc.active.bytes + legacy
     fp32 = moe.replace(router_format="fp32")
-    assert engine_extra_bytes(fp32) == (0, 0)
+    assert engine_extra_bytes(fp32) == engine_extra_bytes(fp32, router_int8=False) == (0, 0)
     assert two_pool(fp32).resident_bytes == param_counts(fp32).resident.bytes
 
 

@@ -152,19 +152,20 @@ def test_breakdown_and_calibration_price_the_engine_the_profile_recorded():
 
 
 def test_int8_router_is_priced_as_the_recording_engine_read_it():
-    """Rows of engines with router_int8 price an int8 router as int8 rows; rows of older
-    engines (and fp32 / fp16 routers) as the fp32 table those engines read."""
+    """Rows of engines with router_int8 price an int8 router by the engine's router kernel
+    (op router_int8); rows of older engines (and fp32 / fp16 routers) as the fp32 table those
+    engines read."""
     cfg = load_config("sandbox").replace(router_format="int8")
 
     def router_ops(policy, c=cfg):
         res, _, _, _ = work_inventory(c, policy=policy)
-        return {k.op for k in res if k.split == "serial" and k.op.endswith("_matvec")}
+        return {k.op for k in res if k.split == "serial" and k.op.endswith(("_matvec", "router_int8"))}
 
-    assert "int8_matvec" in router_ops(CURRENT_POLICY)
+    assert "router_int8" in router_ops(CURRENT_POLICY)
     old = EnginePolicy(region=True, region_skip_split=True)  # a record without router_int8
-    assert "int8_matvec" not in router_ops(old) and "fp32_matvec" in router_ops(old)
+    assert "router_int8" not in router_ops(old) and "fp32_matvec" in router_ops(old)
     fp32_router = cfg.replace(router_format="fp32")
-    assert "int8_matvec" not in router_ops(CURRENT_POLICY, fp32_router)
+    assert "router_int8" not in router_ops(CURRENT_POLICY, fp32_router)
 
 
 def test_router_rows_are_items_only_for_engines_that_split_them():
@@ -175,7 +176,7 @@ def test_router_rows_are_items_only_for_engines_that_split_them():
 
     def int8_splits(policy, c=cfg):
         res, _, _, _ = work_inventory(c, policy=policy)
-        return {k.split for k in res if k.op == "int8_matvec"}
+        return {k.split for k in res if k.op == "router_int8"}
 
     before = dataclasses.replace(CURRENT_POLICY, region_router_split=False)
     assert int8_splits(CURRENT_POLICY) == {"items"} and int8_splits(before) == {"serial"}
@@ -287,3 +288,34 @@ def test_chosen_experts_items_take_one_threads_engine_context_factor(monkeypatch
     rhost = dataclasses.replace(host, host={"engine_policy": REGION.to_dict()})
     for t in (1, 2):
         assert sum(time_breakdown(cfg, rhost, t).values()) == pytest.approx(predict(cfg, rhost, t).s_per_token)
+
+
+def test_a_profile_that_timed_the_router_kernel_prices_routers_by_it():
+    """A profile with the router_int8 op cost prices an int8 router by that kernel and its
+    stored bytes; a profile from before (every committed host up to session 33) keeps pricing
+    it as the int8 head's matvec plus the fp32 table's 3 more bytes a weight."""
+    from pathlib import Path
+
+    from tern.core.config import param_counts
+    from tern.core.host_profile import HostProfile, op_cost_for
+    from tern.predict.roofline import predict, router_table_bytes
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "hosts" / "intel-xeon-amx-s33"
+    old = HostProfile.load(root / "host_profile.json")
+    assert op_cost_for(old.op_costs, "router_int8", 1) is None
+    cfg = load_config("sandbox").replace(router_format="int8", n_experts=256, top_k=2, expert_hidden=64)
+    head = op_cost_for(old.op_costs, "int8_matvec", 1)
+
+    def with_router(unit_scale):
+        cost = OpCost("router_int8", 1, head.call_s, head.row_s, head.unit_s * unit_scale, 5, 0.01)
+        return dataclasses.replace(old, op_costs=tuple(old.op_costs) + (cost,))
+
+    same, slow = with_router(1.0), with_router(2.0)
+    assert router_table_bytes(old, CURRENT_POLICY) and not router_table_bytes(same, CURRENT_POLICY)
+    p_old, p_same, p_slow = (predict(cfg, h, 1) for h in (old, same, slow))
+    router = param_counts(cfg).by_group["router"]
+    table = router.params * 4 - router.bytes
+    assert p_old.resident.bytes_per_token - p_same.resident.bytes_per_token == table  # read as stored
+    assert p_slow.s_per_token > p_same.s_per_token  # its own kernel's cost is what prices it
+    extra = router.params * head.unit_s  # the doubled per-weight cost, before the engine-context factor
+    assert p_slow.s_per_token - p_same.s_per_token == pytest.approx(extra, rel=0.5)

@@ -190,8 +190,8 @@ def test_105m_and_206m_same_speed_when_dram_bound():
     assert {a.resident.bound, a.streamed.bound, b.resident.bound, b.streamed.bound} == {"DRAM"}
     assert b.total_params > 1.8 * a.total_params
     # DRAM bound, the speeds go as the bytes the engine reads per token: the same active
-    # params, but the engine reads the int8 routers as fp32 (tern.predict.pools.engine_extra_bytes),
-    # so 206m's twice-as-large routers cost it ~8 % (measured 0.87x at 1 thread on Zen 5)
+    # params, 206m's twice-as-large int8 routers a little more (engines before
+    # EnginePolicy.router_int8 read them as fp32: then ~8 %, measured 0.87x at 1 thread on Zen 5)
     bytes_a, bytes_b = (p.active_bytes + p.state_bytes + p.kv_bytes for p in (a, b))
     assert b.tok_per_s / a.tok_per_s == pytest.approx(bytes_a / bytes_b, rel=1e-9)
     assert 1.0 < bytes_b / bytes_a < 1.1 and b.tok_per_s < a.tok_per_s

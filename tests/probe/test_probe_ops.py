@@ -69,6 +69,20 @@ def test_time_op_runs_every_op(op):
     assert s.op == op and s.seconds > 0 and s.units > 0
 
 
+def test_the_router_op_times_the_engines_router_kernel_on_one_thread():
+    """router_int8 runs kernels_stored._router_int8 (the engine's: each int8 row dequantized
+    with its scale, then the fp32 row dot), timed at 1 thread only: the one-region step splits
+    a router into single-thread items, which the predictor prices from that cost."""
+    assert po.op_shapes(po.ROUTER_OP, 1) and po.op_shapes(po.ROUTER_OP, 2) == ()
+    rng = np.random.default_rng(0)
+    W = rng.integers(-127, 128, (40, 256)).astype(np.int8)
+    S = (0.01 * (1 + rng.random(40))).astype(np.float32)
+    x, out = rng.standard_normal(256).astype(np.float32), np.zeros(40, np.float32)
+    po.drivers()["router"](W, S, x, out, 2)
+    want = (W.astype(np.float64) * S[:, None].astype(np.float64)) @ x.astype(np.float64)
+    assert out == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
 def test_time_op_parallel_matvec():
     s = po.time_op("ternary_matvec", po.op_shapes("ternary_matvec", threads=2, quick=True)[0], threads=2,
                    timing=FAST)
