@@ -60,6 +60,7 @@ CURVE_SHAPES = {
     "ternary_skip": (1024, 1024),
     "int8_matvec": (512, 512),
     "fp32_matvec": (256, 256),
+    "router_int8": (256, 1024),  # the engine's int8 router kernel (1 thread: its items' kernel)
 }
 PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
     "ternary_matvec": (1024, 1024),
@@ -93,12 +94,13 @@ def _weight_bytes(op: str, rows: int, cols: int) -> int:
     """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
     if op.startswith("ternary"):
         return rows * ((cols + 3) // 4)
-    return rows * cols * (1 if op == "int8_matvec" else 4)
+    return rows * cols * (1 if op in ("int8_matvec", "router_int8") else 4)
 
 
 # ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
 def _drivers() -> dict[str, Callable]:
     from tern.kernels import kernels_dense as kd
+    from tern.kernels import kernels_stored as ks
     from tern.kernels import kernels_ternary as kt
     from tern.kernels import ops
 
@@ -149,6 +151,12 @@ def _drivers() -> dict[str, Callable]:
                     ops.matvec_int8w(W[m], S, x, out)
 
     @numba.njit(cache=True)
+    def router(W, order, S, x, out, passes):
+        for _ in range(passes):
+            for m in order:
+                ks._router_int8(W[m], S, x, out)
+
+    @numba.njit(cache=True)
     def fp32(W, order, x, out, passes, par):
         for _ in range(passes):
             for m in order:
@@ -158,7 +166,7 @@ def _drivers() -> dict[str, Callable]:
                     kd.matvec_fp32_nb(W[m], x, out)
 
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "fp32": fp32}
+    return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "router": router, "fp32": fp32}
 
 
 @lru_cache(maxsize=1)
@@ -236,6 +244,10 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
         W = buf.view(np.int8, (n_mats, r, c))
         S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return lambda n: d["int8"](W, order, S, x, out, n, par)
+    if op == "router_int8":
+        W = buf.view(np.int8, (n_mats, r, c))
+        S, x, out = np.full(r, 0.01, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return lambda n: d["router"](W, order, S, x, out, n)
     if op == "fp32_matvec":
         W = buf.view(np.float32, (n_mats, r, c))
         x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
