@@ -138,6 +138,9 @@ def calibration(host: HostProfile, threads: int = 1) -> tuple[float, float]:
 
 # ---- the row passes' stall against row length (profile row_curves, tern.probe.row_curves) ----
 ROW_CURVE_OPS = ("ternary_matvec", "ternary_stream")  # the 4-row pass and the streaming pass
+# the engine's int8 router kernel (kernels_stored._router_int8): the op name of its probe cost and
+# curve (tern.probe.ops / curves) and of its work in the predictor (tern.predict.inventory)
+ROUTER_OP = "router_int8"
 
 
 def stall_per_byte(curve: OpCurve) -> float:

@@ -24,7 +24,7 @@ import numpy as np
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
-from tern.core.host_queries import ROW_CURVE_OPS, row_stall_factor
+from tern.core.host_queries import ROUTER_OP, ROW_CURVE_OPS, row_stall_factor
 from tern.kernels.policy import (
     CURRENT_POLICY,
     REGION_ROW_ALIGN,
@@ -133,7 +133,6 @@ def _add(work: Work, key: WorkKey | str, calls: float, rows: float, units: float
 
 # ops priced with another op's cost when a profile predates them (same kernel family; the int8
 # router's: the head's matvec, its curves and the fp32 table's bytes, roofline.router_table_bytes)
-ROUTER_OP = "router_int8"
 COST_FALLBACK = {"ternary_stream": "ternary_matvec", ROUTER_OP: "int8_matvec"}
 
 

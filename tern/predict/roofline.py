@@ -92,6 +92,7 @@ from tern.core.formats import get_format
 from tern.core.host_caches import GIB, KIB
 from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
 from tern.core.host_queries import (
+    ROUTER_OP,
     bandwidth_gbps,
     calibration,
     engine_llc_bytes,
@@ -101,7 +102,6 @@ from tern.core.host_queries import (
 )
 from tern.kernels.policy import EnginePolicy
 from tern.predict.inventory import (
-    ROUTER_OP,
     curve_stall,
     parallel_byte_share,
     priced_op,

@@ -47,6 +47,7 @@ import numpy as np
 from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
+from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
@@ -60,7 +61,7 @@ CURVE_SHAPES = {
     "ternary_skip": (1024, 1024),
     "int8_matvec": (512, 512),
     "fp32_matvec": (256, 256),
-    "router_int8": (256, 1024),  # the engine's int8 router kernel (1 thread: its items' kernel)
+    ROUTER_OP: (256, 1024),  # the engine's int8 router kernel (1 thread: its items' kernel)
 }
 PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
     "ternary_matvec": (1024, 1024),
@@ -94,7 +95,7 @@ def _weight_bytes(op: str, rows: int, cols: int) -> int:
     """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
     if op.startswith("ternary"):
         return rows * ((cols + 3) // 4)
-    return rows * cols * (1 if op in ("int8_matvec", "router_int8") else 4)
+    return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 4)
 
 
 # ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
@@ -244,7 +245,7 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
         W = buf.view(np.int8, (n_mats, r, c))
         S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return lambda n: d["int8"](W, order, S, x, out, n, par)
-    if op == "router_int8":
+    if op == ROUTER_OP:
         W = buf.view(np.int8, (n_mats, r, c))
         S, x, out = np.full(r, 0.01, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return lambda n: d["router"](W, order, S, x, out, n)

@@ -53,6 +53,7 @@ import numpy as np
 
 from tern.core.engine_tuning import for_threads
 from tern.core.host_profile import OpCost
+from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.region import phase_counters
@@ -60,7 +61,7 @@ from tern.probe.bandwidth import numba_threads
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
-ROUTER_OP = "router_int8"  # timed at 1 thread only (tern.predict.inventory prices its items there)
+# ROUTER_OP: timed at 1 thread only (tern.predict.inventory prices its items there)
 OPS = MATVEC_OPS + (ROUTER_OP, "ssm_step", "attention", "vector")
 REGION_OP = "region_phase"  # timed at threads > 1 only (tern.predict.inventory prices it there)
 _REGION_PHASES = (4, 32, 128, 512)
