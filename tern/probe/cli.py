@@ -85,7 +85,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
 def _compile_note(result: dict[str, Any]) -> str:
     """', N s of it numba compiling ...' when compiling took a noticeable share (a fresh machine)."""
     c = result.get("compile_s")
-    if not c or c < 1.0:
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 1.0:  # absent, malformed or ~0
         return ""
     return f", {c:.0f} s of it numba compiling the kernels once: cached for the next runs"
 

@@ -106,7 +106,8 @@ def probe_answer(h: dict[str, Any]) -> str:
         parts.append(str(h["cpu_model"]) + (f", {h['probe_mode']} probe" if h.get("probe_mode") else ""))
     if h.get("probe_wall_s"):
         took = f"the probe took {num(h['probe_wall_s'])} s"
-        if (h.get("probe_compile_s") or 0) >= 1:  # a fresh machine: numba compiled the kernels inside it
+        c = h.get("probe_compile_s")
+        if isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 1:  # a fresh machine: numba compiled
             took += f", {num(h['probe_compile_s'])} s of it numba compiling (once; cached for the next runs)"
         parts.append(took)
     return "; ".join(parts) or "no figures saved"

@@ -595,6 +595,10 @@ def test_a_two_thread_probe_records_where_the_threads_sit(tmp_path):
     compiled = cli_render({"profile_path": str(out), "cpu_model": "x", "mode": "quick", "wall_s": 163.0,
                            "compile_s": 137.6, "read_kernel_simd": "avx2"})
     assert "(quick probe, 163.0 s, 138 s of it numba compiling the kernels once" in compiled
+    for bad in ("137.6", float("nan"), None, 0.4):  # malformed, absent or a warm cache: no note, no error
+        text = cli_render({"profile_path": str(out), "cpu_model": "x", "mode": "quick", "wall_s": 26.5,
+                           "compile_s": bad, "read_kernel_simd": "avx2"})
+        assert "(quick probe, 26.5 s; read kernel uses avx2)" in text
     one = probe.run_probe(dataclasses.replace(cfg, sweep=dataclasses.replace(sweep, thread_counts=(1,))),
                           progress=False, tuning=False)
     assert "core_round_trip" not in one.host  # one thread: no pair to time

@@ -72,6 +72,10 @@ def test_answers_are_drawn_from_the_headlines():
     warm = answers({**HEADLINES, "01_probe_host": {**HEADLINES["01_probe_host"], "probe_wall_s": 26.5,
                                                   "probe_compile_s": 0.6}})[1][0].text
     assert warm.endswith("quick probe; the probe took 26.5 s")  # a warm cache: nothing said of compiling
+    for bad in ("140", float("nan"), True, None):  # a hand-edited or older profile: nothing said, no error
+        text = answers({**HEADLINES, "01_probe_host": {**HEADLINES["01_probe_host"], "probe_wall_s": 26.5,
+                                                      "probe_compile_s": bad}})[1][0].text
+        assert text.endswith("quick probe; the probe took 26.5 s")
     assert by["predict"].startswith("sandbox 6,570 / 6,520 · 10b 38.6 / 63.7 tok/s (1 / 2 threads)")
     assert "31,200" not in by["predict"]  # the reference PC only when this host has no profile
     assert by["predict"].endswith("a 10B-total model reaches 100 tok/s if a token reads at most "
