@@ -1,7 +1,7 @@
 """This machine's engine choices: what the probe measured the faster of same-sum kernel
 forms to be, for the engine to follow.
 
-Two choices, each per thread count (``{"1": false, "2": true}``):
+Two choices, each per thread count (``{"1": false, "2": true}``), and one size:
 
 * ``stream_prefetch``: does the streaming (one row per pass) ternary kernel issue software
   prefetch? From DRAM it helped on AMD Zen 5 (16.2 -> 18.8 GB/s at 1 thread) and hurt on AMD
@@ -10,6 +10,9 @@ Two choices, each per thread count (``{"1": false, "2": true}``):
   at all, or the 4-row pass (tern.kernels.policy.stream_row_bytes)? With the row passes'
   prefetch into L2 the 4-row pass read DRAM at 83-94 % of the read kernel's rate on Zen 4
   at 1 thread, faster than the stream (benchmarks/README, "The row passes' prefetch into L2").
+* ``llc_bytes``: the last-level cache the streaming rule compares the pools with, where the
+  probe's read curve shows the cache much smaller than the OS declares (a VM's slice of a
+  large shared L3: tern.core.host_queries.measured_llc_bytes); absent, the OS's size.
 
 ``tern probe`` times the three forms at each thread count on the host it runs on
 (tern.probe.stream_prefetch), writes the choices here, and the engine's defaults
@@ -96,6 +99,9 @@ def _validate_entry(key: str, entry: Any) -> None:
             isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(b, bool) for t, b in v.items()))
         if not ok:
             raise ValueError(f"{key!r}: {name} must be true / false or {{threads: true / false}}, got {v!r}")
+    llc = entry.get("llc_bytes")
+    if llc is not None and not (isinstance(llc, int) and not isinstance(llc, bool) and llc > 0):
+        raise ValueError(f"{key!r}: llc_bytes must be a positive number of bytes, got {llc!r}")
 
 
 def for_threads(choice: bool | dict[str, bool] | None, threads: int, default: bool = DEFAULT_STREAM_PREFETCH) -> bool:
@@ -160,14 +166,25 @@ def save_tuning(entry: dict[str, Any], path: str | os.PathLike | None = None, ke
     return atomic_write_json(path, {"format": FORMAT, "version": VERSION, "cpus": cpus, "sha256": _checksum(cpus)})
 
 
-def tuning_choices(threads: int = 1, path: str | os.PathLike | None = None) -> dict[str, bool]:
+def tuning_choices(threads: int = 1, path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Every choice of this CPU at ``threads`` from one read of the file: ``{"stream": do
     DRAM-resident pools' long rows run the streaming kernel (else the 4-row pass),
-    "stream_prefetch": does that kernel prefetch}``; the probe's (:func:`for_threads`), else
-    :data:`DEFAULT_STREAM` / :data:`DEFAULT_STREAM_PREFETCH`."""
+    "stream_prefetch": does that kernel prefetch, "llc_bytes": the last-level cache the
+    streaming rule assumes}``; the probe's (:func:`for_threads`), else
+    :data:`DEFAULT_STREAM` / :data:`DEFAULT_STREAM_PREFETCH` / None (the OS's size)."""
     entry = load_tuning(path)
     return {"stream": for_threads(entry.get("stream"), threads, DEFAULT_STREAM),
-            "stream_prefetch": for_threads(entry.get("stream_prefetch"), threads, DEFAULT_STREAM_PREFETCH)}
+            "stream_prefetch": for_threads(entry.get("stream_prefetch"), threads, DEFAULT_STREAM_PREFETCH),
+            "llc_bytes": entry.get("llc_bytes")}
+
+
+def llc_bytes_here(tuned: dict[str, Any] | None = None) -> int:
+    """The last-level cache the engine's rules assume on this machine (``tuned``: a
+    :func:`tuning_choices` already read): the probe's ``llc_bytes``, else the OS's size."""
+    from tern.core.host_caches import host_llc_bytes
+
+    v = (tuning_choices() if tuned is None else tuned).get("llc_bytes")
+    return int(v or host_llc_bytes())
 
 
 def stream_prefetch_choice(threads: int = 1, path: str | os.PathLike | None = None) -> bool:

@@ -56,8 +56,13 @@ def llc_capacity_bytes(host: HostProfile, threads: int = 1) -> int:
 
 def engine_llc_bytes(host: HostProfile) -> int:
     """The last-level cache one core sees: what the engine's streaming rule compares the
-    pools with (tern.kernels.policy.stream_row_bytes; the engine reads the same size from
-    the OS, tern.run.engine)."""
+    pools with (tern.kernels.policy.stream_row_bytes). A profile whose probe chose it records
+    it (``host["engine_llc_bytes"]``, :func:`measured_llc_bytes` or the declared size; the
+    probe hands the same figure to the engine through tern.core.engine_tuning); an older
+    profile, whose engine read the OS's size, gets that declared size."""
+    v = host.host.get("engine_llc_bytes") if isinstance(host.host, dict) else None
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
     return llc_capacity_bytes(host, 1)
 
 
@@ -276,6 +281,28 @@ def effective_llc_bytes(host: HostProfile, threads: int = 1) -> int:
     """Size of the last cache tier the measured read curve shows (0: no cliff measured)."""
     caches = [t for t in effective_tiers(host, threads) if t.size_bytes > 0]
     return caches[-1].size_bytes if caches else 0
+
+
+# A measured last cache tier under this share of the declared one is a VM's slice of a large
+# shared L3 (the Intel Xeon VM: /sys 480 MiB, a ~100 MiB tier at 29 GB/s, then DRAM at 19).
+VM_SLICE_SHARE = 0.5
+
+
+def measured_llc_bytes(host: HostProfile) -> int:
+    """The last-level cache the engine should assume on this host, from the measured read
+    curve at 1 thread: the last cache tier (:func:`effective_tiers`) when it is named after
+    the declared last level and holds under VM_SLICE_SHARE of it — a pool past that tier
+    reads at DRAM's rate even though /sys calls it cached; 0 otherwise (the declared size
+    applies: the curve agrees with it, shows no such tier, or the profile is not measured)."""
+    levels = cache_levels(host)
+    if not (host.measured and levels):
+        return 0
+    declared = llc_capacity_bytes(host, 1)
+    caches = [t for t in effective_tiers(host, 1) if t.name != "DRAM" and t.size_bytes > 0]
+    if not caches or caches[-1].name != f"L{levels[-1].level}":
+        return 0
+    size = caches[-1].size_bytes
+    return size if 0 < size < VM_SLICE_SHARE * declared else 0
 
 
 def cache_marks(host: HostProfile, threads: int = 1) -> list[tuple[str, int]]:

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from tern.core.config import ModelConfig, get_preset, param_counts
-from tern.core.host_caches import host_llc_bytes, usable_cpus
+from tern.core.engine_tuning import llc_bytes_here
+from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
@@ -222,7 +223,7 @@ def tern_counts(cfg: ModelConfig) -> dict[str, int]:
     pc = param_counts(cfg)
     return {"total_params": pc.total.params, "active_params": pc.active.params,
             "bytes_per_token": pc.active.bytes, "working_set_bytes": pc.total.bytes,
-            "engine_bytes_per_token": engine_bytes_per_token(cfg, llc_bytes=host_llc_bytes())}
+            "engine_bytes_per_token": engine_bytes_per_token(cfg, llc_bytes=llc_bytes_here())}
 
 
 def llama_counts(shape: PeerShape, body: str) -> dict[str, int]:

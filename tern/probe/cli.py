@@ -18,6 +18,8 @@ JSON_FIELDS = """\
   cache_source: /sys, getconf, sysctl, default (joined with + when mixed)
   caches: [{level, type, size_bytes (one instance), instances, shared_by (logical CPUs)}]
   llc_bytes: total last-level cache;  read_kernel_simd: zmm|ymm|xmm|scalar
+  engine_llc_bytes: the last-level cache the engine's streaming rule assumes on this machine (the read
+                    curve's last cache tier where it is under half the declared one, else the declared)
   plateaus_gbps: {threads: {L1, L2, L3, DRAM: read GB/s (1e9 B/s) or null}}
   plateau_spread: {threads: {level: {gbps, gbps_min, gbps_max (slowest / fastest timed run),
                    runs, points, span_s (first to last run start; runs are interleaved)}}}

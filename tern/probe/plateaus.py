@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tern.core.host_profile import BandwidthPoint, HostProfile
+from tern.core.host_queries import llc_capacity_bytes
 from tern.core.records import summarize
 from tern.probe.bandwidth import format_bytes
 from tern.probe.profile import LEVEL_NAMES
@@ -111,6 +112,10 @@ def format_cache_table(profile: HostProfile) -> str:
         lines.append(f"L{c.level:<5} {c.type:<12} {format_bytes(c.size_bytes):>10} {c.instances:>9} "
                      f"{c.shared_by:>9} {format_bytes(c.total_bytes):>10}")
     lines.append("(size per instance; shared by = logical CPUs sharing one instance)")
+    eng, declared = profile.host.get("engine_llc_bytes"), llc_capacity_bytes(profile, 1)
+    if isinstance(eng, int) and not isinstance(eng, bool) and 0 < eng != declared:
+        lines.append(f"the engine streams pools past {format_bytes(eng)}: the read curve's last cache tier "
+                     f"(the OS declares {format_bytes(declared)})")
     return "\n".join(lines)
 
 
@@ -169,6 +174,7 @@ def probe_summary(profile: HostProfile, path: str | os.PathLike | None = None) -
         "op_costs": [asdict(c) for c in profile.op_costs],
         "wall_s": profile.host.get("probe_wall_s"),
         "compile_s": profile.host.get("probe_compile_s"),
+        "engine_llc_bytes": profile.host.get("engine_llc_bytes"),
     }
 
 

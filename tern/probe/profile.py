@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tern.core.engine_tuning import for_threads, save_tuning
+from tern.core.engine_tuning import for_threads, llc_bytes_here, save_tuning
 from tern.core.host_caches import Topology, detect_caches, read_topology, usable_cpus
 from tern.core.host_profile import HostProfile, KernelThroughput
+from tern.core.host_queries import measured_llc_bytes
 from tern.core.records import run_metadata
 from tern.kernels.policy import EnginePolicy
 from tern.probe.bandwidth import KERNELS, SweepConfig, default_max_ws_bytes, format_bytes
@@ -274,12 +275,16 @@ def _measure(config: ProbeConfig, out: str | os.PathLike | None, progress: bool,
         from tern.probe.core_latency import measure_round_trip
 
         host["core_round_trip"] = measure_round_trip()
+    # the LLC the engine's streaming rule assumes: a VM's slice of a large shared L3 as the curve shows it
+    llc = measured_llc_bytes(HostProfile("curve", True, host, caches, source, tuple(points)))
     if stream_pf is not None:
         host["stream_prefetch"] = stream_pf  # the A/B and its choice per thread count (engine_policy: the largest)
         stream_pf["tuning_path"] = str(save_tuning({
             "stream_prefetch": stream_pf["stream_prefetch"], "off_over_on": stream_pf["off_over_on"],
             "stream": stream_pf["stream"], "rows_over_stream": stream_pf["rows_over_stream"],
+            **({"llc_bytes": llc} if llc else {}),
             "profile": None if out is None else str(out), "timestamp": host.get("timestamp")})) if tuning else None
+    host["engine_llc_bytes"] = llc_bytes_here()  # what this machine's engine now assumes (tern.core.host_queries)
     profile = HostProfile(label=f"measured on {host['host']}", measured=True, host=host,
                           caches=caches, cache_source=source, bandwidth=tuple(points),
                           kernels=tuple(kernels), op_costs=tuple(op_costs),

@@ -63,8 +63,7 @@ import numba
 import numpy as np
 
 from tern.core.config import tensor_specs
-from tern.core.engine_tuning import tuning_choices
-from tern.core.host_caches import host_llc_bytes
+from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2, pack_ternary_b3
@@ -134,8 +133,7 @@ class Engine:
             raise ValueError(f"region must be True, False or 'auto', got {region!r}")
         if region is True and not fused:
             raise ValueError("region=True needs the fused token step (fused=True)")
-        region = fused if region == "auto" else region  # the default: one region per token
-        self.region = bool(region) and self.threads > 1  # one thread: the plain token step
+        self.region = bool(fused if region == "auto" else region) and self.threads > 1  # default: one region per token; 1 thread: the plain step
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
         self.stream = stream
@@ -146,14 +144,15 @@ class Engine:
         self.stream_dram = stream in ("on", "dram") or (stream == "auto" and tuned["stream"])  # EnginePolicy.stream
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
-        self.dense16 = dense16
-        self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, host_llc_bytes(), self.model.packing)
+        self.dense16 = dense16  # the LLC its rules assume: the probe's (a VM's slice of a big L3), else the OS's
+        self.llc_bytes = llc_bytes_here(tuned)
+        self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, self.llc_bytes, self.model.packing)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
         if weights == "auto":
             weights = "copy" if copy_weights(self.model.file_bytes, available_memory_bytes()) else "map"
         self.weights = weights
-        self.stream_row_bytes = (stream_row_bytes(self.cfg, host_llc_bytes(), self.stream_dram) if stream in ("auto", "dram")
+        self.stream_row_bytes = (stream_row_bytes(self.cfg, self.llc_bytes, self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
         self._alloc_state()
@@ -447,4 +446,4 @@ class Engine:
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
                 "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
-                "stream_row_bytes": list(self.stream_row_bytes), "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}
+                "stream_row_bytes": list(self.stream_row_bytes), "llc_bytes": self.llc_bytes, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

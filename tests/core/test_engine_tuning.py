@@ -99,3 +99,26 @@ def test_save_rejects_a_bad_choice(tmp_path, bad, name):
     with pytest.raises(ValueError, match=f"{name} must be true / false or"):
         et.save_tuning({name: bad}, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_llc_the_probe_measured_reaches_the_engine_rules(tmp_path, monkeypatch):
+    """llc_bytes: a positive size, validated like the choices; llc_bytes_here falls back to the
+    OS's size without one."""
+    from tern.core import host_caches
+
+    p = tmp_path / "t.json"
+    monkeypatch.setattr(host_caches, "host_llc_bytes", lambda: 480 << 20)
+    assert et.tuning_choices(1, p)["llc_bytes"] is None
+    assert et.llc_bytes_here(et.tuning_choices(1, p)) == 480 << 20
+    et.save_tuning({"stream": True, "llc_bytes": 97 << 20}, p)
+    assert et.tuning_choices(2, p)["llc_bytes"] == 97 << 20
+    assert et.llc_bytes_here(et.tuning_choices(1, p)) == 97 << 20
+    for bad in (0, -5, "97", 1.5, True):
+        with pytest.raises(ValueError, match="llc_bytes must be a positive number of bytes"):
+            et.save_tuning({"llc_bytes": bad}, p)
+    d = json.loads(p.read_text())
+    d["cpus"][et.cpu_key()]["llc_bytes"] = "lots"
+    d["sha256"] = et._checksum(d["cpus"])
+    p.write_text(json.dumps(d))
+    with pytest.warns(et.TuningFileWarning, match="llc_bytes"):
+        assert et.llc_bytes_here(et.tuning_choices(1, p)) == 480 << 20  # an invalid file: the OS's size

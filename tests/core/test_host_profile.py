@@ -84,6 +84,34 @@ def test_effective_tiers_follow_the_measured_curve_not_sys():
     assert cache_marks(ref) == [("L3", 480 << 20)]  # not measured: the declared sizes
 
 
+def test_the_engine_llc_is_the_measured_slice_of_a_much_larger_declared_l3():
+    """measured_llc_bytes: the curve's last cache tier where it is a VM's slice (< half) of the
+    declared L3, else 0; engine_llc_bytes: what a profile recorded, else the declared size (the
+    engine of an older profile read the OS's)."""
+    from tern.core.host_profile import BandwidthPoint, CacheLevel, HostProfile
+    from tern.core.host_queries import engine_llc_bytes, measured_llc_bytes
+
+    def curve(cliff):
+        def rate(ws):
+            return 170.0 if ws <= 48 << 10 else 120.0 if ws <= 1536 << 10 else 29.0 if ws <= cliff else 18.0
+        return tuple(BandwidthPoint("read", 1, int(2 ** (e / 4)), rate(2 ** (e / 4)), rate(2 ** (e / 4)), 3)
+                     for e in range(48, 122))  # 4 KiB .. 1.5 GiB
+
+    caches = (CacheLevel(1, "Data", 48 << 10, 2, 1), CacheLevel(2, "Unified", 2 << 20, 2, 1),
+              CacheLevel(3, "Unified", 480 << 20, 1, 2))
+    vm = HostProfile("vm", True, {}, caches, "/sys", curve(100 << 20))
+    assert 90 << 20 < measured_llc_bytes(vm) < 120 << 20  # the ~100 MiB slice, not 480 MiB
+    assert engine_llc_bytes(vm) == 480 << 20  # nothing recorded: the engine read /sys
+    as_sys = HostProfile("bare metal", True, {}, caches, "/sys", curve(480 << 20))
+    assert measured_llc_bytes(as_sys) == 0  # the curve agrees with /sys: the declared size applies
+    assert measured_llc_bytes(HostProfile("ref", False, {}, caches, "published", curve(100 << 20))) == 0
+    no_l3 = HostProfile("l2 only", True, {}, caches[:2], "/sys", curve(100 << 20))
+    assert measured_llc_bytes(no_l3) == 0  # a tier past the last declared level is not renamed a cache
+    for rec, want in ((97 << 20, 97 << 20), ("97", 480 << 20), (True, 480 << 20), (-1, 480 << 20), (None, 480 << 20)):
+        host = HostProfile("vm", True, {"engine_llc_bytes": rec}, caches, "/sys", curve(100 << 20))
+        assert engine_llc_bytes(host) == want, rec
+
+
 def test_tiers_that_read_alike_are_named_after_the_larger_cache():
     """The Intel Xeon VM: L1 (48 KiB) and L2 (2 MiB) read within 15 % of each other, so the
     curve shows one 2 MiB tier, then a ~100 MiB slice of the 480 MiB /sys L3: they are named

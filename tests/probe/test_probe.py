@@ -631,10 +631,23 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     assert HostProfile.load(out).host["engine_policy"].get("stream_prefetch", True) is sp["choice"]["1"]
     assert load_tuning()["stream"] == sp["stream"] and set(sp["rows_over_stream"]) == {"1"}
     assert HostProfile.load(out).host["engine_policy"].get("stream", True) is sp["stream"]["1"]
+    from tern.core.host_caches import host_llc_bytes
+
+    assert "llc_bytes" not in load_tuning()  # the fixture's curve shows no VM slice: the OS's size applies
+    assert res["engine_llc_bytes"] == HostProfile.load(out).host["engine_llc_bytes"] == host_llc_bytes()
+    # a curve whose last cache tier is a small slice of the declared L3: the engine is told, the profile says so
+    monkeypatch.setattr(probe, "measured_llc_bytes", lambda host: 5 << 20)
+    assert main(["probe", "--json", "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert load_tuning()["llc_bytes"] == res["engine_llc_bytes"] == 5 << 20
+    assert HostProfile.load(out).host["engine_llc_bytes"] == 5 << 20
+    assert "the engine streams pools past 5 MiB" in plateaus.format_cache_table(HostProfile.load(out))
     tuning_path().unlink()
     assert main(["probe", "--json", "--no-tuning", "--out", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out)["stream_prefetch"]["tuning_path"] is None
+    res = json.loads(capsys.readouterr().out)
+    assert res["stream_prefetch"]["tuning_path"] is None
     assert not tuning_path().exists()
+    assert res["engine_llc_bytes"] == host_llc_bytes()  # not handed to the engine: it keeps the OS's size
     assert main(["probe", "--kernels", "scale", "--out", str(out)]) == 2
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import SMALL
 
+from tern.core import host_caches
 from tern.core.config import SANDBOX, ModelConfig, tensor_specs
 from tern.kernels import ops
 from tern.packed.writer import random_model
-from tern.run import engine as engine_mod
 from tern.run.engine import Engine
 from tern.train.export import export
 
@@ -478,6 +478,26 @@ def test_stream_prefetch_auto_follows_this_cpus_tuning(tmp_path, monkeypatch):
         assert Engine(path, threads=2).stream_prefetch is True
 
 
+def test_the_streaming_rule_uses_the_llc_the_probe_measured(tmp_path, monkeypatch):
+    """On a VM whose /sys L3 is far larger than the cache its read curve shows, the probe hands
+    the measured size to the engine (tuning file ``llc_bytes``): pools past it stream. Recorded
+    in describe(); the logits are the same either way."""
+    from tern.core.engine_tuning import save_tuning
+
+    cfg = SMALL.replace(d_model=1536, n_heads=4)
+    path = random_model(cfg, tmp_path / "wide.tern", progress=False)
+    monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(host_caches, "host_llc_bytes", lambda: 480 << 20)  # /sys: a huge L3
+    tokens = np.arange(8) * 3 % cfg.vocab_size
+    eng = Engine(path)
+    assert eng.llc_bytes == eng.describe()["llc_bytes"] == 480 << 20 and eng.stream_row_bytes == (0, 0)
+    ref = _engine_logits(eng, tokens)
+    save_tuning({"stream": True, "llc_bytes": 1 << 10})  # the probe's slice: every pool is past it
+    eng = Engine(path)
+    assert eng.llc_bytes == eng.describe()["llc_bytes"] == 1 << 10 and eng.stream_row_bytes[0] > 0
+    assert np.array_equal(_engine_logits(eng, tokens), ref)
+
+
 def test_stream_auto_follows_this_cpus_stream_or_4_row_choice(tmp_path, monkeypatch):
     """stream="auto" streams DRAM pools' long rows only where `tern probe` found the stream
     faster than the 4-row pass at this thread count; "dram" applies the LLC rule whatever it
@@ -488,7 +508,7 @@ def test_stream_auto_follows_this_cpus_stream_or_4_row_choice(tmp_path, monkeypa
     cfg = SMALL.replace(d_model=1536, n_heads=4)
     path = random_model(cfg, tmp_path / "wide.tern", progress=False)
     monkeypatch.setenv("TERN_TUNING_FILE", str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(engine_mod, "host_llc_bytes", lambda: 1 << 10)  # every pool "in DRAM"
+    monkeypatch.setattr(host_caches, "host_llc_bytes", lambda: 1 << 10)  # every pool "in DRAM"
     tokens = np.arange(8) * 5 % cfg.vocab_size
     eng = Engine(path)
     assert eng.stream_dram is True and eng.stream_row_bytes[0] > 0  # no file: streams, as engines always did
