@@ -13,8 +13,10 @@ earlier ones measured. A failing notebook is recorded with its error and the res
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,6 +86,29 @@ def _to_html(ipynb: Path, html_path: Path) -> None:
     atomic_write_text(html_path, notebook_html(nbformat.read(str(ipynb), as_version=4)))
 
 
+def local_socket_kernels(folder: str | os.PathLike) -> type | None:
+    """A jupyter_client KernelManager class whose kernels talk over Unix sockets in ``folder``
+    (which only this user can open) instead of TCP on localhost, where the platform has them
+    (None elsewhere: the default manager). ipykernel 7 warns on every kernel started over
+    unencrypted TCP, eight times in a report. None too where the socket paths would pass the
+    ~100 bytes a Unix socket path may hold (a long TMPDIR)."""
+    if sys.platform.startswith("win") or len(os.path.join(os.fspath(folder), "kernel-65535").encode()) > 100:
+        return None
+    from jupyter_client.manager import KernelManager
+    from traitlets import default
+
+    class LocalSocketKernelManager(KernelManager):
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self) -> str:  # the sockets' path prefix: kernel-<port> in the folder
+            return os.path.join(os.fspath(folder), "kernel")
+
+    return LocalSocketKernelManager
+
+
 def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int,
                  params: dict[str, Any] | None = None) -> NotebookRun:
     import papermill
@@ -94,12 +119,15 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool, timeout_s: int,
     t0 = time.perf_counter()
     error = None
     try:
-        papermill.execute_notebook(
-            str(path), str(nb_out), cwd=str(path.parent),
-            parameters={**_declared(path, params or {}), "SMOKE": smoke,
-                        "RESULTS": str(out_dir / "results")},
-            kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
-        )
+        with tempfile.TemporaryDirectory(prefix="tern-kernel-") as sockets:
+            manager = local_socket_kernels(sockets)
+            papermill.execute_notebook(
+                str(path), str(nb_out), cwd=str(path.parent),
+                parameters={**_declared(path, params or {}), "SMOKE": smoke,
+                            "RESULTS": str(out_dir / "results")},
+                kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
+                **({"kernel_manager_class": manager} if manager else {}),
+            )
     except PapermillExecutionError as e:
         error = f"{e.ename}: {e.evalue}"
     except Exception as e:  # kernel died, timeout, bad notebook: report and go on
