@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -28,6 +30,10 @@ from tern.packed.format import (
 )
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 class _PackedWriter:
     """Writes the container tensor by tensor into a temp file, then renames it over
     ``path`` (a reader never sees a half-written file). Use as a context manager."""
@@ -41,6 +47,11 @@ class _PackedWriter:
         header, self.full, self.offs = _build_header(self.tensors, self.meta, self.crcs)
         self.header_len = len(header)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        need = 8 + self.header_len + sum(t.nbytes for t in self.full)
+        free = shutil.disk_usage(self.path.parent).free
+        if need > free:  # say so now, not after minutes of writing a file that cannot fit
+            raise OSError(errno.ENOSPC, f"{self.path.name} needs {_size(need)} and {self.path.parent} has "
+                                        f"{_size(free)} free: free some space or write it elsewhere")
         fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self.f = os.fdopen(fd, "wb")
         self.f.write(struct.pack("<Q", self.header_len) + header)

@@ -314,3 +314,25 @@ def test_load_memory_maps(tmp_path):
     wt, _ = m.ternary("layers.1.ffn.experts.gate")  # touching data works
     assert wt.shape == (64, 1024, 512)
     m.close()
+
+
+def test_a_file_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch):
+    """The writer compares the file's size with the free space first (a 10B model is 2.5 GB):
+    a clear ENOSPC naming both, no temp file left, the old file untouched."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from tern.packed import writer
+
+    path = random_model(SMALL, tmp_path / "m.tern", seed=1)
+    before = path.read_bytes()
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(OSError, match=r"m\.tern needs \d+\.\d MB and .* has 0\.0 MB free: free some space") as e:
+        random_model(SMALL, path, seed=2)
+    assert e.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tern"] and path.read_bytes() == before
+    monkeypatch.undo()
+    assert shutil.disk_usage(tmp_path).free > 10**6
+    assert random_model(SMALL, path, seed=2).read_bytes() != before  # room again: written
