@@ -11,6 +11,7 @@ import numpy as np
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
 from tern.kernels.kernels_stored import JIT
+from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_row, rows_ahead
 
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
@@ -66,10 +67,15 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     """One selective-scan step (docs/MODEL.md) of channels i0..i1-1 (0, Di: all; the one-region
     step splits them), on contiguous views so every loop vectorises: dt = softplus(dt_proj.weight
     @ dtl + bias); h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z). dtw (Di, R) as
-    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy), AT, hT (N, Di)."""
+    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy), AT, hT (N, Di).
+    Its rows are prefetched 8 KB ahead into L2 (same sums): the fp32 projection is most of the step's
+    bytes, and from DRAM its dots waited on each row (Intel Xeon VM, Di 4096, R 128, 1 thread: 281-292
+    -> 248-268 us a call; benchmarks/README, "The scan's dt projection")."""
     N, R, m = AT.shape[0], dtw.shape[1], i1 - i0
     dtv, yv, ucv = dt[i0:i1], y[i0:i1], uc[i0:i1]  # (a 2-D column slice or a loop from i0 > 0: 3-4x slower)
+    ahead = rows_ahead(dtw)
     for i in range(m):
+        prefetch_row(dtw, i0 + i + ahead, i1)
         s, w = dtb[i0 + i], dtw[i0 + i]
         for r in range(R):
             s += w[r] * dbc[r]
@@ -89,4 +95,4 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
         yv[i] = yv[i] * silu(zv[i])
 
 
-drop_stale_cache(__file__, ("fastmath.py", "kernels_stored.py"), causal_conv)  # numba cache hygiene
+drop_stale_cache(__file__, ("fastmath.py", "kernels_stored.py", "prefetch.py", PREFETCH_STAMP), causal_conv)  # numba cache hygiene
