@@ -12,6 +12,7 @@ from tern.core.host_profile import HostProfile
 from tern.probe.bandwidth import KERNELS, format_bytes
 from tern.probe.plateaus import format_cache_table, format_kernel_table, format_plateau_table, probe_summary
 from tern.probe.profile import DEFAULT_OUT, probe_config, run_probe
+from tern.probe.timing import noted_compile_s
 
 JSON_FIELDS = """\
   profile_path: where host_profile.json was saved;  cpu_model;  mode: quick|full
@@ -86,8 +87,8 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _compile_note(result: dict[str, Any]) -> str:
     """', N s of it numba compiling ...' when compiling took a noticeable share (a fresh machine)."""
-    c = result.get("compile_s")
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 1.0:  # absent, malformed or ~0
+    c = noted_compile_s(result.get("compile_s"))
+    if c is None:
         return ""
     return f", {c:.0f} s of it numba compiling the kernels once: cached for the next runs"
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tern.core.host_profile import BandwidthPoint, HostProfile
-from tern.core.host_queries import llc_capacity_bytes
+from tern.core.host_queries import engine_llc_bytes, llc_capacity_bytes
 from tern.core.records import summarize
 from tern.probe.bandwidth import format_bytes
 from tern.probe.profile import LEVEL_NAMES
@@ -112,8 +112,8 @@ def format_cache_table(profile: HostProfile) -> str:
         lines.append(f"L{c.level:<5} {c.type:<12} {format_bytes(c.size_bytes):>10} {c.instances:>9} "
                      f"{c.shared_by:>9} {format_bytes(c.total_bytes):>10}")
     lines.append("(size per instance; shared by = logical CPUs sharing one instance)")
-    eng, declared = profile.host.get("engine_llc_bytes"), llc_capacity_bytes(profile, 1)
-    if isinstance(eng, int) and not isinstance(eng, bool) and 0 < eng != declared:
+    eng, declared = engine_llc_bytes(profile), llc_capacity_bytes(profile, 1)
+    if eng != declared:  # recorded by the probe: the read curve's VM slice
         lines.append(f"the engine streams pools past {format_bytes(eng)}: the read curve's last cache tier "
                      f"(the OS declares {format_bytes(declared)})")
     return "\n".join(lines)

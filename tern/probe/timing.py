@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 clock = time.perf_counter  # seconds; tests replace it with a fake clock
 
@@ -176,6 +177,15 @@ def retime_slow(points: list, suspects: Callable[[list], list[int]], again: Call
         if not named:
             break
     return points
+
+
+def noted_compile_s(value: Any) -> float | None:
+    """A profile's ``probe_compile_s`` when it is worth saying: a number of at least 1 s (a fresh
+    machine compiled the kernels inside the probe); None when absent, malformed (a string, NaN, a
+    bool) or ~0 (a warm numba cache)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
+        return None
+    return float(value)
 
 
 class CompileClock:

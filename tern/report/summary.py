@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tern.probe.timing import noted_compile_s
+
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "DRAM")
 
 
@@ -106,9 +108,9 @@ def probe_answer(h: dict[str, Any]) -> str:
         parts.append(str(h["cpu_model"]) + (f", {h['probe_mode']} probe" if h.get("probe_mode") else ""))
     if h.get("probe_wall_s"):
         took = f"the probe took {num(h['probe_wall_s'])} s"
-        c = h.get("probe_compile_s")
-        if isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 1:  # a fresh machine: numba compiled
-            took += f", {num(h['probe_compile_s'])} s of it numba compiling (once; cached for the next runs)"
+        c = noted_compile_s(h.get("probe_compile_s"))
+        if c is not None:  # a fresh machine: numba compiled the kernels inside the probe
+            took += f", {num(c)} s of it numba compiling (once; cached for the next runs)"
         parts.append(took)
     return "; ".join(parts) or "no figures saved"
 

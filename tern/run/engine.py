@@ -133,7 +133,8 @@ class Engine:
             raise ValueError(f"region must be True, False or 'auto', got {region!r}")
         if region is True and not fused:
             raise ValueError("region=True needs the fused token step (fused=True)")
-        self.region = bool(fused if region == "auto" else region) and self.threads > 1  # default: one region per token; 1 thread: the plain step
+        region = fused if region == "auto" else region  # the default: one region per token
+        self.region = bool(region) and self.threads > 1  # one thread: the plain token step
         if stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {stream!r}")
         self.stream = stream
@@ -144,8 +145,8 @@ class Engine:
         self.stream_dram = stream in ("on", "dram") or (stream == "auto" and tuned["stream"])  # EnginePolicy.stream
         if dense16 not in DENSE16_MODES:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
-        self.dense16 = dense16  # the LLC its rules assume: the probe's (a VM's slice of a big L3), else the OS's
-        self.llc_bytes = llc_bytes_here(tuned)
+        self.dense16 = dense16
+        self.llc_bytes = llc_bytes_here(tuned)  # its rules' LLC: the probe's (a VM's slice of a big L3), else the OS's
         self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, self.llc_bytes, self.model.packing)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
