@@ -124,6 +124,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """``path`` if a file can be written there (its folder is created if missing and a
+    throw-away file made and removed in it), else ValueError naming the path and the reason:
+    commands that measure for minutes call it before measuring, not at the end."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"cannot write {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 

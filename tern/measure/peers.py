@@ -137,14 +137,32 @@ def select_shapes(names: list[str] | None = None, quick: bool = False) -> list[P
 
 
 def find_llama_bench(path: str | os.PathLike | None = None) -> Path | None:
-    """``path`` (must exist and be executable) or ``llama-bench`` on PATH, else None."""
+    """``path`` (must exist, be executable and answer ``--help`` as llama-bench does) or
+    ``llama-bench`` on PATH (checked alike), else None. ValueError names what is wrong, before
+    anything is measured."""
     if path is not None:
         p = Path(path)
         if not (p.is_file() and os.access(p, os.X_OK)):
             raise ValueError(f"--llama-bench {p}: not an executable file")
-        return p
+        return check_llama_bench(p)
     found = shutil.which("llama-bench")
-    return Path(found) if found else None
+    return check_llama_bench(Path(found)) if found else None
+
+
+def check_llama_bench(binary: Path, timeout_s: float = 60) -> Path:
+    """``binary`` if ``binary --help`` runs and prints llama-bench's usage, else ValueError
+    (a file that cannot be executed, a program that fails or prints something else)."""
+    try:
+        r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout_s,
+                           env=llama_env())
+    except OSError as e:
+        raise ValueError(f"llama-bench {binary}: cannot run it ({e.strerror or e})") from None
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"llama-bench {binary}: '--help' did not return within {timeout_s:.0f} s") from None
+    if r.returncode != 0 or "usage" not in (r.stdout + r.stderr).lower():
+        raise ValueError(f"llama-bench {binary}: '--help' exited {r.returncode} without llama-bench's usage "
+                         f"text; is it llama.cpp's llama-bench? ({(r.stderr or r.stdout)[-300:]!r})")
+    return binary
 
 
 def parse_llama_bench(stdout: str) -> dict[str, Any]:
@@ -181,7 +199,10 @@ def run_llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, repeats
     cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads),
            "-r", str(repeats), "-o", "jsonl"]
     env = llama_env()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except OSError as e:  # e.g. the binary went away or lost its execute bit mid-run
+        raise RuntimeError(f"could not run llama-bench {binary}: {e.strerror or e}") from None
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed on {gguf.name} ({threads} threads, exit {r.returncode}):\n"
                            f"{r.stderr[-2000:]}")

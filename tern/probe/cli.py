@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from tern.core.host_profile import HostProfile
+from tern.core.records import check_writable
 from tern.probe.bandwidth import KERNELS, format_bytes
 from tern.probe.plateaus import format_cache_table, format_kernel_table, format_plateau_table, probe_summary
 from tern.probe.profile import DEFAULT_OUT, probe_config, run_probe
@@ -68,13 +68,13 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
         bad = [k for k in kernels if k not in KERNELS]
         if bad:
             raise ValueError(f"unknown bandwidth kernel(s) {bad}; choose from {list(KERNELS)}")
+    out = check_writable(args.out)  # before minutes of measuring, not after
     cfg = probe_config(quick=args.quick, thread_counts=args.threads, kernels=kernels)
     if args.no_op_costs:
         cfg = replace(cfg, op_costs=False)
     print(f"tern probe ({'quick' if args.quick else 'full'}): {cfg.sweep.n_points()} bandwidth points, "
           f"{format_bytes(cfg.sweep.min_ws_bytes)} .. {format_bytes(cfg.sweep.max_ws_bytes)}, "
           f"threads {list(cfg.sweep.thread_counts)}", file=sys.stderr)
-    out = Path(args.out)
     profile = run_probe(cfg, out=out, tuning=not args.no_tuning)
     summary = probe_summary(profile, out)
     ab = profile.host.get("stream_prefetch")

@@ -81,3 +81,29 @@ def test_run_metadata_fields():
     for k in ("host", "cpu", "threads", "versions", "git_commit", "timestamp"):
         assert k in m
     assert m["threads"] == 2 and "numpy" in m["versions"]
+
+
+def test_check_writable(tmp_path):
+    """A writable path passes (its missing folders made, nothing left behind); a folder, a
+    path below a file and a read-only folder are refused naming the path."""
+    import os
+
+    from tern.core.records import check_writable
+
+    target = tmp_path / "new" / "deeper" / "out.json"
+    assert check_writable(target) == target and target.parent.is_dir()
+    assert list(target.parent.iterdir()) == []  # the throw-away file is gone
+    with pytest.raises(ValueError, match="it is a folder"):
+        check_writable(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="cannot write .*f/out.json"):
+        check_writable(tmp_path / "f" / "out.json")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if getattr(os, "geteuid", lambda: 1)() != 0:  # root writes anywhere
+            with pytest.raises(ValueError, match="Permission denied"):
+                check_writable(ro / "out.json")
+    finally:
+        ro.chmod(0o700)

@@ -42,6 +42,9 @@ ROW_KEYS = {"kind", "run_id", "engine", "shape", "dims", "config", "model_file",
 FAKE = '''#!{python}
 import json, sys
 a = sys.argv[1:]
+if a == ["--help"]:
+    print("usage: llama-bench [options]")
+    sys.exit(0)
 with open({log!r}, "a") as f:
     f.write(json.dumps(a) + "\\n")
 t, n, r = (int(a[a.index(k) + 1]) for k in ("-t", "-n", "-r"))
@@ -256,6 +259,35 @@ def test_llama_failure_keeps_the_other_rows(tmp_path, fake_llama):
     res = run_peers([TINY], [1], tmp_path, tokens=8, repeats=1, llama_bench=exe, measure_tern=fake_tern,
                     measure_llama=broken, progress=False)
     assert [r["engine"] for r in res["rows"]] == ["tern"] and "bad magic" in res["errors"][0]
+
+
+@pytest.mark.parametrize("body, says", [
+    ("just text, not a program\n", "cannot run it"),  # executable bit, no interpreter: ENOEXEC
+    ("#!/bin/sh\nexit 3\n", "exited 3"),
+    ("#!/bin/sh\necho hello\n", "is it llama.cpp's llama-bench"),
+])
+def test_a_llama_bench_that_is_not_one_is_refused_before_measuring(tmp_path, capsys, body, says):
+    exe = tmp_path / "llama-bench"
+    exe.write_text(body)
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(ValueError, match=says):
+        find_llama_bench(exe)
+    rc = tern_main(["bench", "peers", "--shapes", "tiny", "--threads", "1", "--llama-bench", str(exe),
+                    "--results", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "res" / "bench" / "peers.jsonl").exists()  # nothing was measured
+
+
+def test_a_llama_bench_that_vanishes_mid_run_is_a_row_error(tmp_path, fake_llama):
+    """run_llama_bench turns the OSError of a binary that cannot be started into the
+    RuntimeError run_peers records per row (the other rows still count)."""
+    from tern.measure.peers import run_llama_bench
+
+    exe, _ = fake_llama
+    exe.unlink()
+    with pytest.raises(RuntimeError, match="could not run llama-bench"):
+        run_llama_bench(exe, tmp_path / "m.gguf", 1, 4, 1)
 
 
 @pytest.mark.slow

@@ -651,6 +651,23 @@ def test_cli_json_prints_one_object(tmp_path, monkeypatch, capsys):
     assert main(["probe", "--kernels", "scale", "--out", str(out)]) == 2
 
 
+def test_cli_refuses_an_unwritable_out_before_measuring(tmp_path, monkeypatch, capsys):
+    """--out is checked before minutes of probing: a folder, or a path under a file, is
+    refused at once (exit 2, the path named, no traceback) and nothing is measured."""
+    from tern.cli import main
+    from tern.probe import cli as probe_cli
+
+    def must_not_run(*_a, **_k):
+        raise AssertionError("the probe ran before --out was checked")
+
+    monkeypatch.setattr(probe_cli, "run_probe", must_not_run)
+    (tmp_path / "a_file").write_text("x")
+    for out, says in ((tmp_path, "it is a folder"), (tmp_path / "a_file" / "hp.json", "cannot write")):
+        assert main(["probe", "--quick", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and str(out) in err and "Traceback" not in err
+
+
 def test_cpu_facts_tell_apart_hosts_of_one_brand_string(monkeypatch):
     # a VM may name a Zen 4 and a Zen 5 both "AMD EPYC": the family / model numbers differ
     import cpuinfo

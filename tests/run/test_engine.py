@@ -390,6 +390,19 @@ def test_ladder_model_prefers_a_trained_checkpoint(tmp_path):
     assert source.startswith("trained checkpoint") and Engine(path).cfg.name == "engine-tiny"
 
 
+def test_cli_generate_refuses_a_tokenizer_of_another_size(trained, capsys):
+    """A tokenizer smaller than the model's vocabulary is refused before any token is decoded
+    (the model would emit ids it cannot decode), a larger one too; both name the two sizes."""
+    from tern import cli
+
+    path = trained[2]
+    for name, size in (("byte", 256), ("bpe4096", 4096)):
+        assert cli.main(["generate", "--model", str(path), "--prompt", "Once", "-n", "4", "--tokenizer", name]) == 2
+        cap = capsys.readouterr()
+        assert f"{name} has {size} tokens" in cap.err and "1024" in cap.err and "Traceback" not in cap.err
+        assert cap.out == ""
+
+
 def test_cli_generate_export_bench(trained, tmp_path, capsys):
     import json
 
