@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = args._module
     try:
         result = mod.cli_run(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # bad input, or the system refused (no space, no permission): no traceback
         print(f"tern {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -169,3 +169,19 @@ def test_bench_hosts_save_with_a_missing_or_damaged_repeat_sweep(tmp_path):
         assert rc in (1, 2) and needle in err, err
         assert_clean(rc, err, "bench")
         assert not (tmp_path / "hosts" / "h").exists()
+
+
+def test_a_refusal_of_the_system_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """An OSError a command meets (no space left, permission denied, a read-only folder) is
+    reported as one error line with exit 2, as bad input is."""
+    import errno
+
+    from tern.train import cli as train_cli
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "x.tern needs 3.8 MB and the disk has 0.0 MB free")
+
+    monkeypatch.setattr(train_cli, "random_model", full)
+    rc, out, err = run_cli(["export", "--random", "sandbox", str(tmp_path / "x.tern")])
+    assert rc == 2 and out == ""
+    assert err.strip() == "tern export: error: [Errno 28] x.tern needs 3.8 MB and the disk has 0.0 MB free"
