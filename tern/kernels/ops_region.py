@@ -89,6 +89,7 @@ from tern.kernels.ops import (
 )
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
+    REGION_ATTN_MIN_D,
     REGION_ITEMS_PER_THREAD,
     REGION_MIN_WEIGHTS,
     EnginePolicy,
@@ -131,7 +132,8 @@ def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool =
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
                         router_int8=True, region_router_split=True, region_scan_split=True,
-                        region_attn_split=True, stream_prefetch=bool(stream_prefetch), stream=bool(stream))
+                        region_attn_split=True, region_attn_min_d=REGION_ATTN_MIN_D,
+                        stream_prefetch=bool(stream_prefetch), stream=bool(stream))
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)

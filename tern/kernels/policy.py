@@ -64,7 +64,12 @@ REGION_SCAN_MIN_WEIGHTS = 1 << 17
 # single item) from this d_model on, and with at least two heads. The key / value caches are laid out
 # per head, (heads, window, head_dim), so a head reads contiguous rows, and every head runs one
 # compiled body (tern.kernels.ops.attend_head), which keeps the logits identical at any thread count.
-REGION_ATTN_MIN_D = 512
+# 512 until session 36 (EnginePolicy.region_attn_min_d records which); at 256 the 5.6M peer (d_model 256,
+# 6 attention layers of 4 heads), whose one-item attention was 19 of its 33 us a token of single-item work
+# at 2 threads, went 8,307 / 8,049 / 8,507 / 8,631 -> 9,013 / 9,087 / 9,209 / 8,583 tok/s (4 alternating
+# rounds, Intel Xeon VM; the 28M peer, already split, and the sandbox unchanged).
+REGION_ATTN_MIN_D = 256
+LEGACY_ATTN_MIN_D = 512  # the split's threshold in records that do not name one
 # channels per scan item boundary: a multiple of every vector loop's step, so each channel's
 # arithmetic is the same whichever item runs it (no scalar remainder loop)
 REGION_SCAN_ALIGN = 64
@@ -85,7 +90,8 @@ class EnginePolicy:
     routing item, on one thread) and, with ``region_scan_split``, an SSM layer's selective scan
     over its channels, one item per thread, from REGION_SCAN_MIN_WEIGHTS (engines before ran
     it in one item) and, with ``region_attn_split``, an attention layer's heads over the
-    threads from REGION_ATTN_MIN_D (engines before ran attention in one item). ``router_int8``: an int8 router is read from the file at 1 byte a
+    threads from d_model ``region_attn_min_d`` (REGION_ATTN_MIN_D; engines before ran attention
+    in one item, and before session 36 split it from LEGACY_ATTN_MIN_D). ``router_int8``: an int8 router is read from the file at 1 byte a
     weight (tern.kernels.kernels_stored.router_logits); engines before it dequantized int8
     routers to an fp32 table at load and read 4 (so their rows are priced that way).
     ``stream_prefetch``: the streaming (one-row) kernel's software prefetch, chosen per host by
@@ -102,6 +108,7 @@ class EnginePolicy:
     region_router_split: bool = False
     region_scan_split: bool = False
     region_attn_split: bool = False
+    region_attn_min_d: int = LEGACY_ATTN_MIN_D
     stream_prefetch: bool = True
     stream: bool = True
 
@@ -147,7 +154,8 @@ class EnginePolicy:
 # today's engine at threads > 1 on a CPU with AVX2 (the SIMD skip kernel splits; without AVX2
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
 CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True,
-                              region_scan_split=True, region_attn_split=True)
+                              region_scan_split=True, region_attn_split=True,
+                              region_attn_min_d=REGION_ATTN_MIN_D)
 PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 

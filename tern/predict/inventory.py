@@ -255,7 +255,7 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
         _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
              region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights,
-                           policy.region_scan_split, policy.region_attn_split))
+                           policy.region_scan_split, policy.region_attn_split, policy.region_attn_min_d))
     return WorkInventory(res, st, skip_res, skip_st)
 
 

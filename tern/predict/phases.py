@@ -31,23 +31,26 @@ def scan_split(cfg: ModelConfig, policy: EnginePolicy) -> bool:
     return policy.region and policy.region_scan_split and _scan_splits(cfg)
 
 
-def _attn_splits(cfg: ModelConfig) -> bool:
-    """Does the one-region step split ``cfg``'s attention heads over threads at 2 threads
-    (tern.kernels.region_items.attn_items, the same rule: REGION_ATTN_MIN_D, >= 2 heads)?"""
-    return cfg.d_model >= REGION_ATTN_MIN_D and cfg.n_heads >= 2
+def _attn_splits(cfg: ModelConfig, min_d: int = REGION_ATTN_MIN_D) -> bool:
+    """Does a one-region step that splits attention from d_model ``min_d`` split ``cfg``'s heads
+    over threads at 2 threads (tern.kernels.region_items.attn_items, the same rule: today's engine
+    from REGION_ATTN_MIN_D, >= 2 heads)?"""
+    return cfg.d_model >= min_d and cfg.n_heads >= 2
 
 
 def attn_split(cfg: ModelConfig, policy: EnginePolicy) -> bool:
     """Does the engine of ``policy`` split ``cfg``'s attention heads over threads at threads > 1?"""
-    return policy.region and policy.region_attn_split and _attn_splits(cfg)
+    return policy.region and policy.region_attn_split and _attn_splits(cfg, policy.region_attn_min_d)
 
 
 def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False,
-                  min_weights: int = REGION_MIN_WEIGHTS, scan: bool = False, attn: bool = False) -> int:
+                  min_weights: int = REGION_MIN_WEIGHTS, scan: bool = False, attn: bool = False,
+                  attn_min_d: int = REGION_ATTN_MIN_D) -> int:
     """Phases one token walks in the one-region step (tern.kernels.ops_region; it records
     the count it used, and the tests hold the two equal): the embedding; per layer the
     mixer's (an SSM 6, 7 when ``scan`` and the engine splits its scan: :func:`scan_split`;
-    attention 4, 5 when ``attn`` and the engine splits its heads: :func:`attn_split`) and the FFN input's norm; per gated MLP gate + up, its
+    attention 4, 5 when ``attn`` and the engine splits its heads from d_model ``attn_min_d``:
+    :func:`attn_split`) and the FFN input's norm; per gated MLP gate + up, its
     activation and, unless the activation skip runs inside that item (its plain form,
     ``skip_split`` False), the down projection; a MoE layer's router (``router_split``: a
     phase when it splits, at least ``min_weights`` weights and 17 rows) and routing, then its one chosen
@@ -58,7 +61,7 @@ def region_phases(cfg: ModelConfig, skip_split: bool, router_split: bool = False
         return 2 if inside else 3
 
     ssm = 6 + int(scan and _scan_splits(cfg))
-    att = 4 + int(attn and _attn_splits(cfg))
+    att = 4 + int(attn and _attn_splits(cfg, attn_min_d))
     n = 1
     for layer in range(cfg.n_layers):
         n += (ssm if cfg.mixer(layer) == "ssm" else att) + 1
