@@ -97,10 +97,7 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
         t = _lap(t, acc, C_QUANT)
         ops.bitlinear(buf, aux, G, T[l, ops.F_XP], T[l, ops.F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc)
         t = _lap(t, acc, C_MIX)
-        ops.selective_scan_step(ops.f32(buf, aux, T[l, ops.F_DT_W], Di * R).reshape(Di, R),
-                                ops.f32(buf, aux, T[l, ops.F_DT_B], Di),
-                                ops.f32(buf, aux, T[l, ops.F_A], N * Di).reshape(N, Di),
-                                ops.f32(buf, aux, T[l, ops.F_D], Di), ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
+        ops.scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
         t = _lap(t, acc, C_SCAN)
         xs = ops.quant(G, y, xq, xd, eps)
         t = _lap(t, acc, C_QUANT)

@@ -22,7 +22,8 @@ ACTIVATIONS = ("drelu", "relu2", "silu")
 # Groups of tensors; each has its own configurable weight format where it is a matrix.
 GROUPS = ("embed", "head", "norm", "mixer", "mixer_aux", "mlp", "shared", "router", "experts")
 POOLS = ("table", "resident", "streamed")
-FP32_ONLY_GROUPS = ("norm", "mixer_aux")
+FP32_ONLY_GROUPS = ("norm", "mixer_aux")  # but the dt projection's weights, stored in ModelConfig.dt_format
+DT_FORMATS = ("fp32", "fp16")
 
 
 def dataclass_from_dict(cls: Any, d: Any) -> Any:
@@ -68,13 +69,14 @@ class ModelConfig:
     expert_hidden: int = 0
     n_shared: int = 0
     shared_hidden: int = 0
-    # storage formats per tensor group (norms, SSM aux params and routers stay fp32)
+    # storage formats per tensor group (norms and the other SSM aux params stay fp32)
     mixer_format: str = "ternary2"
     mlp_format: str = "ternary2"
     expert_format: str = "ternary2"
     embed_format: str = "fp32"
     head_format: str = "fp32"
     router_format: str = "fp32"  # fp32 | fp16 | bf16 | int8 (stored; routing math is fp32)
+    dt_format: str = "fp32"  # the SSM dt projection's weights: fp32 | fp16 (stored; the scan's math is fp32)
     tie_embeddings: bool = True
     # bookkeeping
     max_seq_len: int = 256  # training context length (decode context is unbounded)
@@ -129,6 +131,8 @@ class ModelConfig:
             for n in ("embed_format", "head_format", "router_format"):
                 if getattr(self, n) not in ("fp32", "fp16", "bf16", "int8"):
                     errors.append(f"{n} must be fp32, fp16, bf16 or int8, got {getattr(self, n)!r}")
+            if self.dt_format not in DT_FORMATS:
+                errors.append(f"dt_format must be one of {DT_FORMATS}, got {self.dt_format!r}")
             if self.tie_embeddings and self.head_format != self.embed_format:
                 errors.append("tie_embeddings needs head_format == embed_format")
             if not (isinstance(self.norm_eps, float) and 0 < self.norm_eps < 1):
@@ -160,6 +164,8 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         d["attn_layers"] = list(self.attn_layers)
         d["moe_layers"] = list(self.moe_layers)
+        if d["dt_format"] == "fp32":  # the format before dt_format existed: configs (and their hashes) as they were
+            del d["dt_format"]
         return d
 
     def to_json(self) -> str:
@@ -220,7 +226,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             add(f"{p}.mixer.conv.weight", (Di, K), "mixer_aux", i)
             add(f"{p}.mixer.conv.bias", (Di,), "mixer_aux", i)
             add(f"{p}.mixer.x_proj.weight", (R + 2 * N, Di), "mixer", i)
-            add(f"{p}.mixer.dt_proj.weight", (Di, R), "mixer_aux", i)
+            specs.append(TensorSpec(f"{p}.mixer.dt_proj.weight", (Di, R), "mixer_aux", "resident", cfg.dt_format, i))
             add(f"{p}.mixer.dt_proj.bias", (Di,), "mixer_aux", i)
             add(f"{p}.mixer.A_log", (Di, N), "mixer_aux", i)
             add(f"{p}.mixer.D", (Di,), "mixer_aux", i)

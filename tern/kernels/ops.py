@@ -25,6 +25,7 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
+    DENSE_FP16,
     FASTMATH,
     JIT,
     dense_matvec,
@@ -82,7 +83,8 @@ G_ROUTER_KIND = 28
 # tern.kernels.kernels_b3; quant then also writes the permuted activations those kernels
 # read into the xd scratch); 0: ternary2 (the engine's b3 option, tern.run.engine)
 G_B3, G_STREAM_PF = 29, 30  # G_STREAM_PF 1: the streaming kernel prefetches (EnginePolicy.stream_prefetch)
-N_GLOBALS = 31
+G_DT_KIND = 31  # the SSM dt projections' stored dtype (ModelConfig.dt_format): DENSE_FP32 or DENSE_FP16
+N_GLOBALS = 32
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
@@ -374,6 +376,21 @@ def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, h
 
 
 @numba.njit(cache=True)
+def scan_channels(buf, aux, G, T, l, hT, dbc, uc, z, dt, y, c0, c1):
+    """selective_scan_step of layer l's channels c0..c1-1 on its tensors: the dt projection (Di, R)
+    read as stored (fp32, or fp16 by G_DT_KIND), A as -exp(A_log) transposed at load (N, Di)."""
+    Di, N, R = G[G_DI], G[G_N], G[G_R]
+    dtb, Dp = f32(buf, aux, T[l, F_DT_B], Di), f32(buf, aux, T[l, F_D], Di)
+    AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
+    if G[G_DT_KIND] == DENSE_FP16:
+        dtw16 = u8(buf, aux, T[l, F_DT_W], 2 * Di * R).view(np.uint16).reshape(Di, R)
+        selective_scan_step(dtw16, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
+    else:
+        dtw = f32(buf, aux, T[l, F_DT_W], Di * R).reshape(Di, R)
+        selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
+
+
+@numba.njit(cache=True)
 def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, y, xd, out):
     """Selective SSM step of layer l (state index si): out (D,) from xn (D,)."""
     D, Di, N, R, K = G[G_D], G[G_DI], G[G_N], G[G_R], G[G_K]
@@ -384,11 +401,7 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
     causal_conv(cw, cb, conv[si], uz[:Di], uc)
     xs = quant(G, uc, xq, xd, eps)
     bitlinear_then(buf, aux, G, T[l, F_XP], T[l, F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc, T[l, F_OUT], mat_bytes(G, D, Di))
-    dtw = f32(buf, aux, T[l, F_DT_W], Di * R).reshape(Di, R)  # as stored
-    dtb = f32(buf, aux, T[l, F_DT_B], Di)
-    AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)  # -exp(A_log), transposed at load
-    Dp = f32(buf, aux, T[l, F_D], Di)
-    selective_scan_step(dtw, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
+    scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
     xs = quant(G, y, xq, xd, eps)
     bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, Di, xq, xs, xd, out)
 

@@ -26,12 +26,8 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import dense_row, f32
 from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
 from tern.kernels.ops import (
-    F_A,
     F_CONV_B,
     F_CONV_W,
-    F_D,
-    F_DT_B,
-    F_DT_W,
     F_ED,
     F_ED_S,
     F_EG,
@@ -187,16 +183,13 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
         p = end_solo(ctr, p, mine)
         p = mat_phase(ctr, p, n_items(G, rp, R + 2 * N, Di), buf, aux, Gs, T[l, F_XP], T[l, F_XP_S], R + 2 * N,
                       Di, xq, scal[S_MIX], xd, dbc, -1, -1, dbc)
-        dtw = f32(buf, aux, T[l, F_DT_W], Di * R).reshape(Di, R)
-        AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
-        dtb, Dp = f32(buf, aux, T[l, F_DT_B], Di), f32(buf, aux, T[l, F_D], Di)
         ns = scan_items(G, Di, R, N)
         if ns > 1:  # channel ranges on every thread, then the output's quantization
-            p = scan_phase(ctr, p, ns, dtw, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
+            p = scan_phase(ctr, p, ns, buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
         mine = solo(ctr, p)
         if mine:
             if ns == 1:
-                ops.selective_scan_step(dtw, dtb, AT, Dp, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
+                ops.scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
             scal[S_MIX] = ops.quant(G, y, xq, xd, eps)
         p = end_solo(ctr, p, mine)
         return mat_phase(ctr, p, n_items(G, rp, D, Di), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, Di,

@@ -154,17 +154,17 @@ def scan_items(G, Di, R, N):
 
 
 @numba.njit(cache=True)
-def scan_phase(ctr, p, n, dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y):
-    """Phase p: the selective-scan step (ops.selective_scan_step) in n items of whole
+def scan_phase(ctr, p, n, buf, aux, G, T, l, hT, dbc, uc, z, dt, y):
+    """Phase p: layer l's selective-scan step (ops.scan_channels) in n items of whole
     REGION_SCAN_ALIGN-channel ranges (channels are independent: the same values as one item)."""
-    Di = AT.shape[1]
+    Di = hT.shape[1]
     while True:
         i = claim(ctr, p)
         if i >= n:
             break
         c0, c1 = item_rows(Di, n, i, REGION_SCAN_ALIGN)
         if c1 > c0:
-            ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
+            ops.scan_channels(buf, aux, G, T, l, hT, dbc, uc, z, dt, y, c0, c1)
         finish(ctr, p)
     wait_done(ctr, p, n)
     return p + 1

@@ -7,13 +7,29 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
-from tern.kernels.kernels_stored import JIT
+from tern.kernels.kernels_stored import JIT, f16_to_f32
 from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_row, rows_ahead
 
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
+
+
+def stored_f32(w):  # pragma: no cover - numba resolves it through the overload below
+    """A stored weight as float32: fp32 as it is, fp16 (its bits as uint16) widened exactly."""
+    raise NotImplementedError("stored_f32 runs inside numba-compiled code only")
+
+
+@overload(stored_f32, inline="always")
+def _stored_f32(w):
+    if w == types.float32:
+        return lambda w: w
+    if w == types.uint16:
+        return lambda w: f16_to_f32(w)
+    return None
 
 
 @numba.njit(inline="always", **JIT)
@@ -67,7 +83,8 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     """One selective-scan step (docs/MODEL.md) of channels i0..i1-1 (0, Di: all; the one-region
     step splits them), on contiguous views so every loop vectorises: dt = softplus(dt_proj.weight
     @ dtl + bias); h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z). dtw (Di, R) as
-    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy), AT, hT (N, Di).
+    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy): float32, or
+    uint16 holding fp16 (ModelConfig.dt_format; widened exactly, the same sums), AT, hT (N, Di).
     Its rows are prefetched 8 KB ahead into L2 (same sums): the fp32 projection is most of the step's
     bytes, and from DRAM its dots waited on each row (Intel Xeon VM, Di 4096, R 128, 1 thread: 281-292
     -> 248-268 us a call; benchmarks/README, "The scan's dt projection")."""
@@ -78,7 +95,7 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
         prefetch_row(dtw, i0 + i + ahead, i1)
         s, w = dtb[i0 + i], dtw[i0 + i]
         for r in range(R):
-            s += w[r] * dbc[r]
+            s += stored_f32(w[r]) * dbc[r]
         dtv[i] = s
     Dv = Dp[i0:i1]
     for i in range(m):

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from tern.core.config import ModelConfig
+from tern.core.config import DT_FORMATS, ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import HostProfile
 from tern.predict.pools import two_pool_from_params
@@ -30,8 +30,8 @@ class SearchSpace:
     ``attn_every`` layers (heads of ``head_dim``), an MoE in every layer with
     ``n_shared`` shared experts of hidden ``shared_ratio * d_model``, expert hidden
     ``ratio * d_model`` for each ratio in ``expert_hidden_ratio``; tied embeddings in
-    ``embed_format``, routers in ``router_format`` (the format under search applies to
-    the linear layers)."""
+    ``embed_format``, routers in ``router_format``, the SSM dt projections in ``dt_format`` (the
+    format under search applies to the linear layers)."""
 
     d_model: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072)
     n_layers: tuple[int, ...] = (12, 16, 24, 32)
@@ -47,6 +47,7 @@ class SearchSpace:
     d_state: int = 16
     embed_format: str = "int8"
     router_format: str = "int8"
+    dt_format: str = "fp32"  # the SSM dt projections' weights (ModelConfig.dt_format)
 
     def __post_init__(self) -> None:
         for n in ("d_model", "n_layers", "n_experts", "top_k"):
@@ -60,6 +61,8 @@ class SearchSpace:
         if self.attn_every < 1 or self.n_shared < 0 or self.shared_ratio < 0:
             raise ValueError("attn_every must be >= 1, n_shared and shared_ratio >= 0")
         get_format(self.embed_format)
+        if self.dt_format not in DT_FORMATS:
+            raise ValueError(f"SearchSpace.dt_format must be one of {DT_FORMATS}, got {self.dt_format!r}")
 
     def configs(self, fmt: str = "ternary2"):
         """Yield every valid ModelConfig of the grid with linear layers in ``fmt``."""
@@ -89,7 +92,7 @@ class SearchSpace:
             mlp_hidden=0, moe_layers=tuple(range(n_layers)), n_experts=n_experts, top_k=top_k,
             expert_hidden=expert_hidden, n_shared=self.n_shared, shared_hidden=shared,
             mixer_format=fmt, mlp_format=fmt, expert_format=fmt, embed_format=self.embed_format,
-            head_format=self.embed_format, router_format=self.router_format,
+            head_format=self.embed_format, router_format=self.router_format, dt_format=self.dt_format,
         )
 
 

@@ -5,7 +5,10 @@ The search space keeps the per-token fixed costs small, because at 100 tok/s a t
 read only ~1/100 of the bandwidth: the BPE-4096 vocabulary (int8 tied embedding/head,
 8 MiB per token instead of 65 MiB for a 32k vocabulary), int8 routers, and few
 sliding-window attention layers with a 256-position window (the fp32 cache of a 1024
-window costs 8 KiB x d_model per attention layer per token).
+window costs 8 KiB x d_model per attention layer per token), and the SSM dt projections in fp16
+(ModelConfig.dt_format: at d_model 2048-2560 their fp32 weights are ~13 % of a token's bytes;
+fp16 moved the logits by ~1e-6 of their range in tests/run/test_engine.py and decoded 7-14 %
+faster on the Zen 4 VM, benchmarks/format_ab.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tern.predict.roofline import predict
 TEN_B_SPACE = SearchSpace(
     d_model=(1024, 1536, 2048, 2560), n_layers=(8, 12, 16, 24), n_experts=(64, 128, 256, 512),
     top_k=(1, 2, 4, 8), expert_hidden_ratio=(0.25, 0.5, 1.0), vocab_size=4096, attn_every=8,
-    attn_window=256, embed_format="int8", router_format="int8",
+    attn_window=256, embed_format="int8", router_format="int8", dt_format="fp16",
 )
 
 

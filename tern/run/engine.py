@@ -283,7 +283,7 @@ class Engine:
         G[ops.G_EMBED], G[ops.G_EMBED_S], G[ops.G_EMBED_KIND] = self._dense(aux, "embed.weight")
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
         G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
-        G[ops.G_ROUTER_KIND] = router_kind
+        G[ops.G_ROUTER_KIND], G[ops.G_DT_KIND] = router_kind, DENSE_KINDS[cfg.dt_format]  # dt: ops.scan_channels
         G[ops.G_B3] = int(self._b3_direct)
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
         routed = G.copy()  # ops.routed_globals: the routed experts' row

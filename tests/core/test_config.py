@@ -135,6 +135,23 @@ def test_router_format():
         TINY.replace(router_format="ternary2")
 
 
+def test_dt_format():
+    """The SSM dt projection's weights in fp16: 2 bytes each, the other aux tensors stay fp32; a
+    config at the default fp32 serialises as configs did before the field (same hash), fp16
+    round-trips, anything else is refused."""
+    cfg = TINY.replace(dt_format="fp16")
+    specs = {s.name: s for s in tensor_specs(cfg)}
+    dt = specs["layers.0.mixer.dt_proj.weight"]
+    assert dt.format == "fp16" and dt.group == "mixer_aux" and dt.pool == "resident"
+    assert specs["layers.0.mixer.dt_proj.bias"].format == "fp32" and specs["layers.0.mixer.A_log"].format == "fp32"
+    saved = param_counts(TINY).active.bytes - param_counts(cfg).active.bytes
+    assert saved == 2 * dt.numel  # one SSM layer (layer 1 is attention)
+    assert "dt_format" not in TINY.to_dict() and ModelConfig.from_json(TINY.to_json()) == TINY
+    assert json.loads(cfg.to_json())["dt_format"] == "fp16" and ModelConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="dt_format"):
+        TINY.replace(dt_format="int8")
+
+
 def test_105m_206m_equal_active_bytes():
     a, b = param_counts(get_preset("105m")), param_counts(get_preset("206m"))
     assert b.total.params > 1.9 * a.total.params

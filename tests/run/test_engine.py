@@ -220,6 +220,48 @@ def test_16bit_tables_read_as_stored(tmp_path, fmt, tied):
         Engine(path, dense16="fp32")
 
 
+def test_fp16_dt_projection_reads_as_stored(tmp_path):
+    """ModelConfig.dt_format "fp16": the SSM dt projections are stored at 2 bytes a weight and the
+    scan widens them exactly: an fp32 file holding the rounded weights gives the same logits to
+    fp32 rounding (the widened dot vectorises in its own order), 2 threads (both token steps) the
+    same bit for bit, torch on the weights the file holds the same to fp32 rounding, and the
+    unrounded weights differ by less than 0.01 %."""
+    from tern.packed.reader import load_packed
+    from tern.train.model.lm import build_model
+
+    model = build_model(SMALL, seed=0).eval()
+    dt_names = [s.name for s in tensor_specs(SMALL) if s.name.endswith("dt_proj.weight")]
+    with torch.no_grad():  # dt weights 30x their init's, so each token's dt (and its rounding) matters
+        for n in dt_names:
+            model.get_parameter(n).mul_(30)
+    dt16 = SMALL.replace(dt_format="fp16")
+    f16 = export((model, dt16), tmp_path / "dt16.tern", progress=False)
+    assert dt_names and all(s.format == "fp16" for s in tensor_specs(dt16) if s.name in dt_names)
+    rounded = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    for n in dt_names:
+        rounded[n] = rounded[n].astype(np.float16).astype(np.float32)
+    f32 = export((rounded, SMALL), tmp_path / "dt32.tern", progress=False)
+    saved = sum(np.prod(rounded[n].shape) * 2 for n in dt_names)
+    assert f32.stat().st_size - f16.stat().st_size >= saved - 64 * len(dt_names)  # (alignment padding)
+    m16 = load_packed(f16)
+    assert m16.cfg.dt_format == "fp16" and m16.tensors[dt_names[0]].dtype == np.float16
+    assert np.array_equal(m16.weight(dt_names[0]), rounded[dt_names[0]])
+    tokens = np.arange(30) * 7 % SMALL.vocab_size
+    got = _engine_logits(Engine(f16), tokens)
+    ref = _engine_logits(Engine(f32), tokens)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        for kw in (dict(region=False, par_min_weights=0), dict(region=True)):
+            assert np.array_equal(_engine_logits(Engine(f16, threads=2, **kw), tokens), got), kw
+    unrounded = _engine_logits(Engine(export((model, SMALL), tmp_path / "full.tern", progress=False)), tokens)
+    assert np.abs(unrounded - got).max() < 1e-4 * np.abs(ref).max()  # what fp16 storage costs: ~1e-6 here
+    with torch.no_grad():
+        for n in dt_names:
+            model.get_parameter(n).copy_(torch.from_numpy(rounded[n]))
+    want = _torch_logits(model, tokens)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_storage_formats(tmp_path):
     """ternary2 and base-3 packing hold the same trits: identical logits; int8 / bf16
     embeddings and routers run and stay close."""

@@ -38,6 +38,9 @@ VARIANTS = {
     # d_state 16) >= tern.kernels.policy.REGION_SCAN_MIN_WEIGHTS): one channel range per thread
     "scan_split": (SMALL.replace(d_model=1024, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
                                  vocab_size=300), {}),
+    # the same with the dt projections stored in fp16 (ModelConfig.dt_format), widened in the scan
+    "scan_split_dt16": (SMALL.replace(d_model=1024, n_heads=8, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
+                                      vocab_size=300, dt_format="fp16"), {}),
     # attention heads split over the threads (d_model >= tern.kernels.policy.REGION_ATTN_MIN_D): 9 heads,
     # items of 5 and 4
     "attn_split": (SMALL.replace(d_model=576, n_heads=9, mlp_hidden=256, expert_hidden=128, shared_hidden=64,
