@@ -20,17 +20,14 @@ tern.core.records.run_metadata; a table of the medians and their ratio to the fi
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from tern.core.config import ModelConfig, get_preset, param_counts
 from tern.core.records import append_jsonl, run_metadata, summarize
-from tern.measure.sweep import ensure_model
+from tern.measure.sweep import FULL_TIMING, SweepPoint, ensure_model, measure_in_subprocess
 from tern.predict.toward_10b import TEN_B_SPACE
 
 _SPACE_NAME = re.compile(r"d(\d+)-L(\d+)-E(\d+)k(\d+)-h(\d+)")
@@ -47,14 +44,9 @@ def config_named(name: str) -> ModelConfig:
         raise ValueError(f"config {name!r} is neither d<D>-L<layers>-E<experts>k<top_k>-h<hidden> nor a preset") from e
 
 
-def measure(path: Path, threads: int) -> float:
-    """tok/s of the packed model at ``path`` in a fresh sweep worker (the sweep's full timing)."""
-    cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(threads),
-           "--tokens", "64", "--repeats", "5", "--warmup", "16", "--min-time-s", "0.25", "--region"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"sweep worker failed for {path.name} at {threads} threads:\n{r.stderr[-2000:]}")
-    return float(json.loads(r.stdout)["tok_per_s"])
+def measure(path: Path, cfg: ModelConfig, threads: int) -> float:
+    """tok/s of the packed model of ``cfg`` at ``path`` in a fresh sweep worker (the sweep's full timing)."""
+    return float(measure_in_subprocess(path, SweepPoint("format_ab", cfg.name, cfg, threads, **FULL_TIMING))["tok_per_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             for c, t in runs:
                 for v in (a.values if r % 2 == 0 else a.values[::-1]):
                     bar.set_postfix_str(f"round {r + 1} {c} {a.field}={v} t{t}")
-                    tps.setdefault((c, v, t), []).append(measure(files[(c, v)], t))
+                    tps.setdefault((c, v, t), []).append(measure(files[(c, v)], arms[(c, v)], t))
                     bar.update()
     print(f"{'config':26s} thr  " + "  ".join(f"{v:>10s}" for v in a.values) + "   ratio  (tok/s, medians of rounds)")
     for c, t in runs:

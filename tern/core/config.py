@@ -22,8 +22,7 @@ ACTIVATIONS = ("drelu", "relu2", "silu")
 # Groups of tensors; each has its own configurable weight format where it is a matrix.
 GROUPS = ("embed", "head", "norm", "mixer", "mixer_aux", "mlp", "shared", "router", "experts")
 POOLS = ("table", "resident", "streamed")
-FP32_ONLY_GROUPS = ("norm", "mixer_aux")  # but the dt projection's weights, stored in ModelConfig.dt_format
-DT_FORMATS = ("fp32", "fp16")
+DT_FORMATS = ("fp32", "fp16")  # ModelConfig.dt_format; the other norm / SSM aux tensors are always fp32
 
 
 def dataclass_from_dict(cls: Any, d: Any) -> Any:
@@ -212,9 +211,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     D, V = cfg.d_model, cfg.vocab_size
     specs: list[TensorSpec] = [TensorSpec("embed.weight", (V, D), "embed", "table", cfg.embed_format)]
 
-    def add(name: str, shape: tuple[int, ...], group: str, layer: int, pool: str = "resident") -> None:
-        fmt = {"mixer": cfg.mixer_format, "mlp": cfg.mlp_format, "shared": cfg.mlp_format,
-               "experts": cfg.expert_format, "router": cfg.router_format}.get(group, "fp32")
+    def add(name: str, shape: tuple[int, ...], group: str, layer: int, pool: str = "resident",
+            fmt: str | None = None) -> None:  # fmt: the group's format unless given
+        fmt = fmt or {"mixer": cfg.mixer_format, "mlp": cfg.mlp_format, "shared": cfg.mlp_format,
+                      "experts": cfg.expert_format, "router": cfg.router_format}.get(group, "fp32")
         specs.append(TensorSpec(name, shape, group, pool, fmt, layer))
 
     for i in range(cfg.n_layers):
@@ -226,7 +226,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             add(f"{p}.mixer.conv.weight", (Di, K), "mixer_aux", i)
             add(f"{p}.mixer.conv.bias", (Di,), "mixer_aux", i)
             add(f"{p}.mixer.x_proj.weight", (R + 2 * N, Di), "mixer", i)
-            specs.append(TensorSpec(f"{p}.mixer.dt_proj.weight", (Di, R), "mixer_aux", "resident", cfg.dt_format, i))
+            add(f"{p}.mixer.dt_proj.weight", (Di, R), "mixer_aux", i, fmt=cfg.dt_format)
             add(f"{p}.mixer.dt_proj.bias", (Di,), "mixer_aux", i)
             add(f"{p}.mixer.A_log", (Di, N), "mixer_aux", i)
             add(f"{p}.mixer.D", (Di,), "mixer_aux", i)

@@ -66,11 +66,9 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     if want and tok.hash != want and not args.tokenizer:
         raise ValueError(f"tokenizer {name} here has sha256 {tok.hash[:12]}..., the model was "
                          f"exported with {want[:12]}...; pass --tokenizer to override")
-    if tok.vocab_size > eng.cfg.vocab_size:
-        raise ValueError(f"tokenizer {name} has {tok.vocab_size} tokens, the model only {eng.cfg.vocab_size}")
-    if tok.vocab_size < eng.cfg.vocab_size:  # refused before decoding: the model would emit ids past the tokenizer's
-        raise ValueError(f"tokenizer {name} has {tok.vocab_size} tokens, the model {eng.cfg.vocab_size}: it would "
-                         f"emit ids {name} cannot decode; pass the tokenizer the model was trained with")
+    if tok.vocab_size != eng.cfg.vocab_size:  # refused before decoding: ids one side cannot read
+        raise ValueError(f"tokenizer {name} has {tok.vocab_size} tokens, the model {eng.cfg.vocab_size}: pass the "
+                         f"tokenizer the model was trained with")
     prompt_ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
     if len(prompt_ids) + args.n > eng.cfg.max_seq_len:
         print(f"[tern generate] note: {len(prompt_ids)} prompt + {args.n} generated tokens exceed the "

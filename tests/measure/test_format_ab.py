@@ -45,7 +45,7 @@ def test_bad_input_is_one_usage_error(fab, tmp_path, capsys, argv, msg):
 def test_rows_alternate_and_summarise(fab, tmp_path, monkeypatch, capsys):
     calls = []
 
-    def fake_measure(path, threads):
+    def fake_measure(path, cfg, threads):
         calls.append((Path(path).name, threads))
         return 100.0 if "fp32" not in Path(path).name and len(calls) % 2 else 90.0
 
