@@ -36,6 +36,19 @@ def test_space_builds_real_configs():
         SearchSpace(top_k=())
 
 
+def test_space_dt_format():
+    """The grid's SSM dt projections in fp16: every config carries it, fewer active bytes; an unknown
+    format is refused when the space is built, not in the middle of a search."""
+    from tern.core.config import param_counts
+
+    fp16 = SearchSpace(d_model=(256,), dt_format="fp16", head_dim=64)
+    c16, c32 = fp16.make(256, 4, 8, 2, 128), SMALL.make(256, 4, 8, 2, 128)
+    assert c16.dt_format == "fp16" and SMALL.dt_format == "fp32" == c32.dt_format
+    assert param_counts(c16).active.bytes < param_counts(c16.replace(dt_format="fp32")).active.bytes
+    with pytest.raises(ValueError, match="dt_format"):
+        SearchSpace(dt_format="int8")
+
+
 def test_search_returns_configs_meeting_target_and_ram():
     host = synthetic_profile(4 * MIB, 100.0, 20.0)
     target, ram = 3000.0, 40 * MIB
