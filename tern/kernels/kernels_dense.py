@@ -30,6 +30,9 @@ def _widen(builder, ptr, kind, lanes=DOT_LANES):
     """``lanes`` weights at the i8 pointer ``ptr`` as float32 lanes: fp32 loaded, fp16 widened
     (``fpext``: F16C's vcvtph2ps), bf16 shifted into the upper half (both exact)."""
     f32s = ir.VectorType(_F32, lanes)
+    if kind == "int8":  # sign-extended and converted exactly (vpmovsxbd + vcvtdq2ps)
+        v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(8), lanes))), align=1)
+        return builder.sitofp(v, f32s)
     if kind == "fp32":
         return builder.load(builder.bitcast(ptr, ir.PointerType(f32s)), align=1)
     v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(16), lanes))), align=1)
@@ -50,57 +53,77 @@ def float_row_dot(kind: str):
     sums of its fp32 conversion bit for bit (tested). Written as IR because LLVM's own
     vectorisation of the plain loop read an fp16 head at 12.8 GB/s from DRAM where this reads
     29.1 (AMD EPYC Zen 4, 1 thread, 32,000 x 2,048: the 1.1B peer's head; 45 in L2)."""
-    wdt = types.float32 if kind == "fp32" else types.uint16
-    item = 4 if kind == "fp32" else 2
+    wdt = {"fp32": types.float32, "int8": types.int8}.get(kind, types.uint16)
+    item = {"fp32": 4, "int8": 1}.get(kind, 2)
 
-    @intrinsic
-    def row_dot(typingctx, W, r, x):
+    scaled = kind == "int8"  # int8 rows carry a row scale: w = float32(q) * s, as the file reader dequantizes
+
+    def typed(W, x, scale):
         if not (isinstance(W, types.Array) and W.ndim == 2 and W.dtype == wdt and W.layout == "C"
-                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"):
+                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
+                and len(scale) == int(scaled) and all(t == types.float32 for t in scale)):
             return None
-        sig = types.float32(W, types.int64, x)
+        return types.float32(W, types.int64, x, *scale), codegen
 
-        def codegen(context, builder, signature, args):
-            wa = context.make_array(signature.args[0])(context, builder, args[0])
-            xa = context.make_array(signature.args[2])(context, builder, args[2])
-            r = context.cast(builder, args[1], signature.args[1], types.int64)
-            row = builder.gep(builder.bitcast(wa.data, ir.PointerType(ir.IntType(8))),
-                              [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])])
-            xb = builder.bitcast(xa.data, ir.PointerType(ir.IntType(8)))
-            cols = cgutils.unpack_tuple(builder, xa.shape)[0]
-            vty = ir.VectorType(_F32, DOT_LANES)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * DOT_LANES)) for _ in range(DOT_ACCS)]
-            block = DOT_ACCS * DOT_LANES
-            nblocks = builder.sdiv(cols, ir.Constant(_I64, block))
-            with cgutils.for_range(builder, nblocks) as loop:
-                c0 = builder.mul(loop.index, ir.Constant(_I64, block))
-                for k, acc in enumerate(accs):
-                    c = builder.add(c0, ir.Constant(_I64, k * DOT_LANES))
-                    w = _widen(builder, builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))]), kind)
-                    xv = _widen(builder, builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]), "fp32")
-                    builder.store(builder.fadd(builder.load(acc), builder.fmul(w, xv, flags=["contract"]),
-                                               flags=["contract"]), acc)
-            tot = builder.load(accs[0])
-            for acc in accs[1:]:
-                tot = builder.fadd(tot, builder.load(acc))
-            s = cgutils.alloca_once_value(builder, builder.extract_element(tot, ir.Constant(_I32, 0)))
-            for i in range(1, DOT_LANES):
-                builder.store(builder.fadd(builder.load(s), builder.extract_element(tot, ir.Constant(_I32, i))), s)
-            with cgutils.for_range(builder, builder.sub(cols, builder.mul(nblocks, ir.Constant(_I64, block)))) as loop:
-                c = builder.add(builder.mul(nblocks, ir.Constant(_I64, block)), loop.index)
-                def one(base, size, k):  # column c of a row of ``size``-byte values, widened as a block's
-                    return builder.extract_element(_widen(builder, builder.gep(base, [builder.mul(c, ir.Constant(_I64, size))]),
-                                                          k, 1), ir.Constant(_I32, 0))
-                w, xv = one(row, item, kind), one(xb, 4, "fp32")
-                builder.store(builder.fadd(builder.load(s), builder.fmul(w, xv, flags=["contract"]), flags=["contract"]), s)
-            return builder.load(s)
+    if scaled:
+        @intrinsic
+        def row_dot(typingctx, W, r, x, s):
+            return typed(W, x, (s,))
+    else:
+        @intrinsic
+        def row_dot(typingctx, W, r, x):
+            return typed(W, x, ())
 
-        return sig, codegen
+    # the body of both signatures (typed() is called at typing time, after this is defined)
+    def codegen(context, builder, signature, args):
+        wa = context.make_array(signature.args[0])(context, builder, args[0])
+        xa = context.make_array(signature.args[2])(context, builder, args[2])
+        r = context.cast(builder, args[1], signature.args[1], types.int64)
+        row = builder.gep(builder.bitcast(wa.data, ir.PointerType(ir.IntType(8))),
+                          [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])])
+        xb = builder.bitcast(xa.data, ir.PointerType(ir.IntType(8)))
+        cols = cgutils.unpack_tuple(builder, xa.shape)[0]
+        vty = ir.VectorType(_F32, DOT_LANES)
+        sv = args[3] if scaled else None  # the row scale (float32)
+
+        def weights(ptr, lanes):  # a block's weights as float32 lanes; int8 dequantized (no fma: q * s rounds)
+            w = _widen(builder, ptr, kind, lanes)
+            if sv is None:
+                return w
+            splat = builder.insert_element(ir.Constant(ir.VectorType(_F32, lanes), None), sv, ir.Constant(_I32, 0))
+            splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+            return builder.fmul(w, splat)
+
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * DOT_LANES)) for _ in range(DOT_ACCS)]
+        block = DOT_ACCS * DOT_LANES
+        nblocks = builder.sdiv(cols, ir.Constant(_I64, block))
+        with cgutils.for_range(builder, nblocks) as loop:
+            c0 = builder.mul(loop.index, ir.Constant(_I64, block))
+            for k, acc in enumerate(accs):
+                c = builder.add(c0, ir.Constant(_I64, k * DOT_LANES))
+                w = weights(builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))]), DOT_LANES)
+                xv = _widen(builder, builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]), "fp32")
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(w, xv, flags=["contract"]),
+                                           flags=["contract"]), acc)
+        tot = builder.load(accs[0])
+        for acc in accs[1:]:
+            tot = builder.fadd(tot, builder.load(acc))
+        s = cgutils.alloca_once_value(builder, builder.extract_element(tot, ir.Constant(_I32, 0)))
+        for i in range(1, DOT_LANES):
+            builder.store(builder.fadd(builder.load(s), builder.extract_element(tot, ir.Constant(_I32, i))), s)
+        with cgutils.for_range(builder, builder.sub(cols, builder.mul(nblocks, ir.Constant(_I64, block)))) as loop:
+            c = builder.add(builder.mul(nblocks, ir.Constant(_I64, block)), loop.index)
+            def one(v):  # lane 0 of a one-lane block
+                return builder.extract_element(v, ir.Constant(_I32, 0))
+            w = one(weights(builder.gep(row, [builder.mul(c, ir.Constant(_I64, item))]), 1))
+            xv = one(_widen(builder, builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]), "fp32", 1))
+            builder.store(builder.fadd(builder.load(s), builder.fmul(w, xv, flags=["contract"]), flags=["contract"]), s)
+        return builder.load(s)
 
     return row_dot
 
 
-row_dot_fp32, row_dot_fp16, row_dot_bf16 = (float_row_dot(k) for k in ("fp32", "fp16", "bf16"))
+row_dot_fp32, row_dot_fp16, row_dot_bf16, row_dot_int8 = (float_row_dot(k) for k in ("fp32", "fp16", "bf16", "int8"))
 
 
 @njit(cache=True, inline="always")

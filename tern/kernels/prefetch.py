@@ -159,10 +159,21 @@ def rows_ahead(W):
 
 
 @njit(cache=True, inline="always")
+def row_into_l2(row_bytes, itemsize):
+    """Does :func:`prefetch_row` put a row of ``row_bytes`` bytes of ``itemsize``-byte values
+    into L2 (else into L1)? Rows of at most DENSE_L2_MAX_ROW_BYTES and int8 rows of any length."""
+    return row_bytes <= DENSE_L2_MAX_ROW_BYTES or itemsize == 1
+
+
+@njit(cache=True, inline="always")
 def prefetch_row(W, r, stop):
     """Prefetch every cache line of row ``r`` of the 2-D C-contiguous ``W``; nothing when
     ``r >= stop`` (the end of the caller's rows); into L2 for rows of at most
-    DENSE_L2_MAX_ROW_BYTES, else into L1. The dense row-at-a-time kernels call it
+    DENSE_L2_MAX_ROW_BYTES and for int8 rows of any length, else into L1. int8 rows longer than
+    that went into L1 until session 38: AMD EPYC Zen 4, 1 thread, from DRAM (GB/s into L1 -> L2,
+    one process, interleaved): the int8 head kernel over 4,096 x 2,560 rows (the d2560 10B picks'
+    head) 10.6-11.4 -> 22.9-26.4, the int8 router over 128 x 2,560 8.7 -> 17.7; 1-2 KB rows
+    were already in L2. The dense row-at-a-time kernels call it
     with ``r`` = the row being summed + :func:`rows_ahead`. Measured on the Intel Xeon VM
     (2,048 columns from DRAM, 1 thread, one process, interleaved runs, bit-identical
     results; GB/s without -> with, into L1, rows 4-8 KB ahead): fp16 (32,000 rows, 131 MB)
@@ -170,7 +181,7 @@ def prefetch_row(W, r, stop):
     262 MB) 13.3 -> 10.8-11.2, so the fp32 kernels do without it."""
     if r < stop:
         nbytes = W.shape[1] * W.itemsize
-        if nbytes <= DENSE_L2_MAX_ROW_BYTES:
+        if row_into_l2(nbytes, W.itemsize):
             for off in range(0, nbytes, CACHE_LINE_BYTES):
                 prefetch_line_l2(W, r, off)
         else:

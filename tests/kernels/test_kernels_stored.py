@@ -193,3 +193,13 @@ def test_dense_rows_prefetch_into_l2_up_to_the_row_length_setting(tmp_path):
     got = subprocess.run([sys.executable, "-c", "import tern.kernels.prefetch as P; print(P.PREFETCH_STAMP)"],
                          env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
     assert "dense_l2_max=0" in got.split(";")
+
+
+def test_int8_rows_prefetch_into_l2_at_every_length():
+    """int8 rows (the int8 head, embedding and routers) go into L2 whatever their length;
+    fp16 / bf16 rows only up to DENSE_L2_MAX_ROW_BYTES (the rule prefetch_row compiles in)."""
+    from tern.kernels.prefetch import DENSE_L2_MAX_ROW_BYTES, row_into_l2
+
+    n = DENSE_L2_MAX_ROW_BYTES
+    assert row_into_l2(n, 2) and not row_into_l2(n + 2, 2) and not row_into_l2(2 * n, 4)
+    assert all(row_into_l2(b, 1) for b in (64, n, n + 1, 2560, 4 * n))

@@ -1,0 +1,102 @@
+"""One model file decoded by two (or more) checkouts of tern in the same run: what a code
+change bought, measured where a drifting VM hits both alike.
+
+Each measurement is ``python -m tern.measure.sweep_worker`` (the sweep's own worker: 5 x 64
+tokens after 16 warm-up, samples of >= 0.25 s) in a fresh process that imports ``tern`` from
+one checkout (``PYTHONPATH`` and working directory) with that checkout's own numba cache
+(``<checkout>/.numba-ab-cache``, so neither loads the other's compiled kernels); the checkouts
+alternate inside every round, at every thread count. A first untimed round compiles each
+checkout's kernels (``--no-warm-round`` skips it). One JSONL row per (round, threads,
+checkout): tern.core.records.run_metadata, the checkout and its commit, the worker's tok/s
+summary and engine settings. The summary prints each checkout's median over rounds and
+the rounds it won::
+
+    git worktree add /tmp/base HEAD
+    flock /tmp/tern-cpu.lock .venv/bin/python benchmarks/code_ab.py --model M.tern \\
+        --code-root /tmp/base . --threads 1 2 --rounds 4 --out benchmarks/dense_row_dot/F.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from tern.core.records import append_jsonl, run_metadata
+
+
+def checkout_commit(root: Path) -> str:
+    """``root``'s commit, ``+dirty`` when its tracked files differ, or 'unknown'."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True).stdout.strip()
+    sha = git("rev-parse", "HEAD")
+    return (sha + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) if sha else "unknown"
+
+
+def worker(root: Path, model: Path, threads: int, a: argparse.Namespace) -> dict:
+    """The sweep worker's JSON for ``model`` at ``threads``, with ``tern`` from ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
+    cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(model), "--threads", str(threads),
+           "--tokens", str(a.tokens), "--repeats", str(a.repeats), "--warmup", str(a.warmup),
+           "--min-time-s", str(a.min_time_s)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=3600)
+    if r.returncode:
+        raise SystemExit(f"code_ab: the worker with {root} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="a packed model file (.tern)")
+    p.add_argument("--code-root", type=Path, nargs="+", required=True, help="checkouts to compare (. is this one)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int, default=4, help="timed rounds (checkouts alternate in each)")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=16)
+    p.add_argument("--min-time-s", type=float, default=0.25)
+    p.add_argument("--no-warm-round", action="store_true", help="skip the untimed compiling round")
+    p.add_argument("--out", type=Path, required=True, help="JSONL rows are appended here")
+    a = p.parse_args(argv)
+    roots = [r.resolve() for r in a.code_root]
+    for r in roots:
+        if not (r / "tern" / "__init__.py").is_file():
+            p.error(f"{r} is not a tern checkout (no tern/__init__.py)")
+    if not a.model.is_file():
+        p.error(f"no model file at {a.model}")
+    if a.rounds < 1 or any(t < 1 for t in a.threads):
+        p.error("--rounds and --threads must be >= 1")
+    commits = {r: checkout_commit(r) for r in roots}
+    if not a.no_warm_round:
+        for t in a.threads:
+            for r in roots:
+                worker(r, a.model.resolve(), t, a)
+    tps: dict[tuple[int, Path], list[float]] = {(t, r): [] for t in a.threads for r in roots}
+    for rnd in range(a.rounds):
+        for t in a.threads:
+            for r in roots:
+                m = worker(r, a.model.resolve(), t, a)
+                tps[(t, r)].append(m["tok_per_s"])
+                append_jsonl(a.out, {**run_metadata(t), "bench": "code_ab", "model": a.model.name, "round": rnd,
+                                     "code_root": str(r), "code_commit": commits[r], **m})
+                print(f"round {rnd} threads {t} {commits[r][:12]:>12} ({r}): {m['tok_per_s']:.1f} tok/s "
+                      f"(spread {m['spread_rel']:.0%})", flush=True)
+    for t in a.threads:
+        base = tps[(t, roots[0])]
+        for r in roots:
+            v = tps[(t, r)]
+            wins = sum(x > b for x, b in zip(v, base, strict=True)) if r != roots[0] else None
+            print(f"threads {t} {commits[r][:12]:>12}: median {statistics.median(v):.1f} tok/s over {len(v)} rounds"
+                  + ("" if wins is None else f", x{statistics.median(v) / statistics.median(base):.3f} against "
+                     f"the first checkout, faster in {wins} of {len(v)} rounds"))
+    print(f"rows appended to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
