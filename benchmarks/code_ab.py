@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         base = tps[(t, roots[0])]
         for r in roots:
             v = tps[(t, r)]
-            wins = sum(x > b for x, b in zip(v, base, strict=True)) if r != roots[0] else None
+            paired = [x / b for x, b in zip(v, base, strict=True)]  # this round's ratio to the first checkout
             print(f"threads {t} {commits[r][:12]:>12}: median {statistics.median(v):.1f} tok/s over {len(v)} rounds"
-                  + ("" if wins is None else f", x{statistics.median(v) / statistics.median(base):.3f} against "
-                     f"the first checkout, faster in {wins} of {len(v)} rounds"))
+                  + ("" if r == roots[0] else f"; against the first checkout: median of the rounds' ratios "
+                     f"x{statistics.median(paired):.3f} (x{min(paired):.2f}-{max(paired):.2f}), faster in "
+                     f"{sum(q > 1 for q in paired)} of {len(v)} rounds"))
     print(f"rows appended to {a.out}")
     return 0
 
