@@ -148,6 +148,13 @@ KNOWN_MISSES: dict[str, tuple[float, float, str]] = {
     # read rate timed just before each ran 1.10-1.14x the probe's (the host drifting: 16 of 56 points), 4m-e1309 with
     # the threads far apart (310 ns). Probe: DRAM 27.4 / 33.1 GB/s (1 / 2 threads)
     "amd-epyc-zen4-s37": (0.92, 0.046, "AMD Zen 4, session 37: 1 thread 25/25 (5.2 %), four 2-thread DRAM-bound points drifted"),
+    # session 38, same VM, after int8 rows went into L2 and the int8 router dequantized in its row dot (code 6824b04,
+    # 12:08-12:17 UTC): 42 / 50 within, median 10.0 % - 1 thread 22 / 25 (8.0 %), 2 threads 20 / 25 (13.0 %). The probe
+    # read DRAM at 27.9 / 32.4 GB/s (2 threads only 1.16x one); the sweep ran slower than the probe at most points (the
+    # 4m family at 1 thread 0.74-0.95x, measured 0.76-1.02x of session 37's tok/s at the same points, its two
+    # 1,309- / 2,676-expert models 1.02 / 1.28x: their int8 routers), the worst 30m-e64-k8 / -k4 at 2 threads 0.60 /
+    # 0.68x with the read rate timed before them 1.10 / 1.13x the probe's and the kernel 1.06x
+    "amd-epyc-zen4-s38": (0.84, 0.100, "AMD Zen 4, session 38: 1 thread 22/25 (8.0 %), 2 threads 20/25 (13.0 %), the sweep slower than its probe"),
     # the same VM an hour later with numba compiling for Haswell (AVX2 only; code 690abc4, 09:09-09:26 UTC): 46 / 50
     # within, median 4.1 % - 1 thread 25 / 25 (2.8 %), 2 threads 21 / 25 (6.3 %); the misses are the 4m family's
     # cache-resident 2-thread points at 0.66-0.74x, e3 / e8 / e17 with the threads far apart (323-327 ns), e1 near
@@ -252,6 +259,11 @@ NAMED_MISSES: dict[tuple[str, str, int], float] = {
     # predictor prices 0.62 - its 7 layers' fp32 dt projections, 23 MB of the token's 179 MB, read from DRAM)
     ("amd-epyc-zen4-s37", "105m", 1): 0.174,
     ("amd-epyc-zen4-s37", "d2560-L8-E256k4-h640", 1): 0.206,
+    # session 38's Zen 4 VM: 105m at 2 threads 2,292 against 2,783 tok/s; its 10B pick d2560-L8-E256k4-h640 (dt in
+    # fp16, 567M active) at 2 threads 136.9 against 110.9 (at 1 thread 119.7 against 113.6): the probe's 2-thread DRAM
+    # rate (32.4 GB/s) prices it slow
+    ("amd-epyc-zen4-s38", "105m", 2): 0.176,
+    ("amd-epyc-zen4-s38", "d2560-L8-E256k4-h640", 2): 0.234,
     # (the Intel Xeon VM in session 30: its 10B pick at 2 threads, measured 227.3 tok/s against 195.2, was a named
     # miss here until session 31 priced the chosen experts' items at the 1-thread engine-context factor: 213.0 now)
 }
