@@ -28,7 +28,7 @@ DOT_LANES, DOT_ACCS = 16, 4  # the float row dot's vector accumulators: DOT_ACCS
 
 def _widen(builder, ptr, kind, lanes=DOT_LANES):
     """``lanes`` weights at the i8 pointer ``ptr`` as float32 lanes: fp32 loaded, fp16 widened
-    (``fpext``: F16C's vcvtph2ps), bf16 shifted into the upper half (both exact)."""
+    (``fpext``: F16C's vcvtph2ps), bf16 shifted into the upper half, int8 converted (all exact)."""
     f32s = ir.VectorType(_F32, lanes)
     if kind == "int8":  # sign-extended and converted exactly (vpmovsxbd + vcvtdq2ps)
         v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.IntType(8), lanes))), align=1)
@@ -44,7 +44,9 @@ def _widen(builder, ptr, kind, lanes=DOT_LANES):
 
 def float_row_dot(kind: str):
     """An intrinsic ``f(W, r, x)`` -> float32 sum_c W[r, c] * x[c], W (rows, cols) C-contiguous
-    float32 (``kind`` "fp32") or uint16 bits of fp16 / bf16, x (cols,) float32, the same IR for
+    float32 (``kind`` "fp32") or uint16 bits of fp16 / bf16, x (cols,) float32; for ``kind``
+    "int8" ``f(W, r, x, s)``: W int8 and s the row's float32 scale, each weight dequantized as
+    ``float32(q) * s`` (rounded before its FMA, as the file reader's table), the same IR for
     every kind: DOT_ACCS accumulators of DOT_LANES lanes over blocks of DOT_ACCS * DOT_LANES
     columns (products contracted into FMAs), summed lane-wise, their lanes summed in order, then
     the remaining columns one by one. numba puts its caller's fast-math flags on every float
