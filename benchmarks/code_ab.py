@@ -19,34 +19,24 @@ the rounds it won::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from tern.core.records import append_jsonl, run_metadata
+from tern.core.records import append_jsonl, checkout_commit, run_metadata
+from tern.measure.sweep import SweepPoint, measure_in_subprocess
+from tern.packed.reader import load_packed
 
 
-def checkout_commit(root: Path) -> str:
-    """``root``'s commit, ``+dirty`` when its tracked files differ, or 'unknown'."""
-    def git(*a: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True).stdout.strip()
-    sha = git("rev-parse", "HEAD")
-    return (sha + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) if sha else "unknown"
-
-
-def worker(root: Path, model: Path, threads: int, a: argparse.Namespace) -> dict:
-    """The sweep worker's JSON for ``model`` at ``threads``, with ``tern`` from ``root``."""
+def worker(root: Path, model: Path, point: SweepPoint) -> dict:
+    """The sweep worker's JSON for ``model`` at ``point``, with ``tern`` (and its own numba cache)
+    from the checkout ``root``."""
     env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
-    cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(model), "--threads", str(threads),
-           "--tokens", str(a.tokens), "--repeats", str(a.repeats), "--warmup", str(a.warmup),
-           "--min-time-s", str(a.min_time_s)]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, timeout=3600)
-    if r.returncode:
-        raise SystemExit(f"code_ab: the worker with {root} failed:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    try:
+        return measure_in_subprocess(model, point, timeout_s=3600, cwd=root, env=env)
+    except RuntimeError as e:
+        raise SystemExit(f"code_ab: the worker with {root} failed: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,20 +57,26 @@ def main(argv: list[str] | None = None) -> int:
     for r in roots:
         if not (r / "tern" / "__init__.py").is_file():
             p.error(f"{r} is not a tern checkout (no tern/__init__.py)")
-    if not a.model.is_file():
-        p.error(f"no model file at {a.model}")
-    if a.rounds < 1 or any(t < 1 for t in a.threads):
-        p.error("--rounds and --threads must be >= 1")
+    if a.rounds < 1:
+        p.error("--rounds must be >= 1")
+    try:
+        with load_packed(a.model, check="header") as m:
+            cfg = m.cfg
+        points = {t: SweepPoint("code_ab", cfg.name, cfg, t, a.tokens, a.repeats, a.warmup, a.min_time_s)
+                  for t in a.threads}
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    model = a.model.resolve()
     commits = {r: checkout_commit(r) for r in roots}
     if not a.no_warm_round:
         for t in a.threads:
             for r in roots:
-                worker(r, a.model.resolve(), t, a)
+                worker(r, model, points[t])
     tps: dict[tuple[int, Path], list[float]] = {(t, r): [] for t in a.threads for r in roots}
     for rnd in range(a.rounds):
         for t in a.threads:
             for r in roots:
-                m = worker(r, a.model.resolve(), t, a)
+                m = worker(r, model, points[t])
                 tps[(t, r)].append(m["tok_per_s"])
                 append_jsonl(a.out, {**run_metadata(t), "bench": "code_ab", "model": a.model.name, "round": rnd,
                                      "code_root": str(r), "code_commit": commits[r], **m})

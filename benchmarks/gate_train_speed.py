@@ -237,17 +237,10 @@ def measure_whole_run(gate: str, arm: str, threads: int, run_steps: int | None) 
             "tern_package": str(Path(tern.__file__).parent)}
 
 
-def _git_commit(root: str) -> str:
-    """``root``'s checked-out commit (+dirty when its tracked files differ)."""
-    def git(*a):
-        return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def whole_runs(a) -> list[dict]:
     """--whole-run: every (arm, threads, concurrent, checkout) measurement, checkouts
     interleaved per measurement, each copy in its own process (module docstring)."""
-    from tern.core.records import run_metadata
+    from tern.core.records import checkout_commit, run_metadata
 
     rows = []
     for arm, t, conc in itertools.product(a.arms, a.threads, a.concurrent):
@@ -270,7 +263,7 @@ def whole_runs(a) -> list[dict]:
                 r = json.loads(out.strip().splitlines()[-1])
                 if not Path(r["tern_package"]).is_relative_to(root):
                     raise SystemExit(f"gate_train_speed: the run imported tern from {r['tern_package']}, not from {root}")
-                r = {**run_metadata(t), **r, "concurrent": conc, "code_root": root, "code_commit": _git_commit(root),
+                r = {**run_metadata(t), **r, "concurrent": conc, "code_root": root, "code_commit": checkout_commit(root),
                      "code": a.code, "code_note": a.code_note}
                 rows.append(r)
                 print(f"{r['gate']} {arm:>6} threads {t} concurrent {conc} code {r['code_commit'][:12]}: "

@@ -155,7 +155,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 @lru_cache(maxsize=1)
 def git_commit() -> str:
     """Commit of the tern checkout (with ``+dirty`` if modified), or 'unknown'."""
-    root = Path(__file__).resolve().parents[2]  # the checkout
+    return checkout_commit(Path(__file__).resolve().parents[2])
+
+
+def checkout_commit(root: str | Path) -> str:
+    """Commit checked out at ``root`` (with ``+dirty`` if its tracked files differ), or 'unknown'
+    (the benchmarks that compare checkouts tag their rows with it)."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=5).stdout.strip()

@@ -60,23 +60,7 @@ def float_row_dot(kind: str):
 
     scaled = kind == "int8"  # int8 rows carry a row scale: w = float32(q) * s, as the file reader dequantizes
 
-    def typed(W, x, scale):
-        if not (isinstance(W, types.Array) and W.ndim == 2 and W.dtype == wdt and W.layout == "C"
-                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
-                and len(scale) == int(scaled) and all(t == types.float32 for t in scale)):
-            return None
-        return types.float32(W, types.int64, x, *scale), codegen
-
-    if scaled:
-        @intrinsic
-        def row_dot(typingctx, W, r, x, s):
-            return typed(W, x, (s,))
-    else:
-        @intrinsic
-        def row_dot(typingctx, W, r, x):
-            return typed(W, x, ())
-
-    # the body of both signatures (typed() is called at typing time, after this is defined)
+    # the body of both signatures
     def codegen(context, builder, signature, args):
         wa = context.make_array(signature.args[0])(context, builder, args[0])
         xa = context.make_array(signature.args[2])(context, builder, args[2])
@@ -86,15 +70,15 @@ def float_row_dot(kind: str):
         xb = builder.bitcast(xa.data, ir.PointerType(ir.IntType(8)))
         cols = cgutils.unpack_tuple(builder, xa.shape)[0]
         vty = ir.VectorType(_F32, DOT_LANES)
-        sv = args[3] if scaled else None  # the row scale (float32)
+        splats = {}  # int8: the row scale in every lane, per block width (built once, before the loops)
+        if scaled:
+            for lanes in (DOT_LANES, 1):
+                v = builder.insert_element(ir.Constant(ir.VectorType(_F32, lanes), None), args[3], ir.Constant(_I32, 0))
+                splats[lanes] = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
 
         def weights(ptr, lanes):  # a block's weights as float32 lanes; int8 dequantized (no fma: q * s rounds)
             w = _widen(builder, ptr, kind, lanes)
-            if sv is None:
-                return w
-            splat = builder.insert_element(ir.Constant(ir.VectorType(_F32, lanes), None), sv, ir.Constant(_I32, 0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
-            return builder.fmul(w, splat)
+            return builder.fmul(w, splats[lanes]) if scaled else w
 
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vty, [0.0] * DOT_LANES)) for _ in range(DOT_ACCS)]
         block = DOT_ACCS * DOT_LANES
@@ -121,6 +105,22 @@ def float_row_dot(kind: str):
             xv = one(_widen(builder, builder.gep(xb, [builder.mul(c, ir.Constant(_I64, 4))]), "fp32", 1))
             builder.store(builder.fadd(builder.load(s), builder.fmul(w, xv, flags=["contract"]), flags=["contract"]), s)
         return builder.load(s)
+
+    def typed(W, x, scale):
+        if not (isinstance(W, types.Array) and W.ndim == 2 and W.dtype == wdt and W.layout == "C"
+                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
+                and len(scale) == int(scaled) and all(t == types.float32 for t in scale)):
+            return None
+        return types.float32(W, types.int64, x, *scale), codegen
+
+    if scaled:
+        @intrinsic
+        def row_dot(typingctx, W, r, x, s):
+            return typed(W, x, (s,))
+    else:
+        @intrinsic
+        def row_dot(typingctx, W, r, x):
+            return typed(W, x, ())
 
     return row_dot
 

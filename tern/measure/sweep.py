@@ -187,16 +187,16 @@ def ensure_model(cfg: ModelConfig, models_dir: Path) -> Path:
     return path
 
 
-def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800) -> dict[str, Any]:
-    """Run the decode measurement in a fresh interpreter (own peak RSS); returns its JSON."""
+def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800, cwd: Path | None = None,
+                          env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the decode measurement in a fresh interpreter (own peak RSS) in ``cwd`` with ``env``
+    (benchmarks/code_ab.py: another checkout's ``tern`` and numba cache); returns its JSON."""
     cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
-           "--tokens", str(point.tokens), "--repeats", str(point.repeats),
-           "--warmup", str(point.warmup), "--min-time-s", repr(float(point.min_time_s))]
-    cmd.append("--region" if point.region else "--no-region")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+           "--tokens", str(point.tokens), "--repeats", str(point.repeats), "--warmup", str(point.warmup),
+           "--min-time-s", repr(float(point.min_time_s)), "--region" if point.region else "--no-region"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
     if r.returncode != 0:
-        raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n"
-                           f"{r.stderr[-2000:]}")
+        raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n{r.stderr[-2000:]}")
     return json.loads(r.stdout)
 
 

@@ -1,23 +1,18 @@
 """benchmarks/format_ab.py: config names, bad input refused before anything is built or timed,
 and its rows (a fake worker: no timing)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from tern.core.config import get_preset
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "format_ab.py"
 
 
 @pytest.fixture(scope="module")
 def fab():
-    spec = importlib.util.spec_from_file_location("format_ab", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("format_ab")
 
 
 def test_config_names(fab):
