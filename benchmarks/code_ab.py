@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def worker(root: Path, model: Path, point: SweepPoint) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
     try:
         return measure_in_subprocess(model, point, timeout_s=3600, cwd=root, env=env)
-    except RuntimeError as e:
+    except (RuntimeError, subprocess.TimeoutExpired) as e:  # as tern.measure.peers treats its worker
         raise SystemExit(f"code_ab: the worker with {root} failed: {e}") from None
 
 

@@ -2,6 +2,7 @@
 (a fake worker: no timing)."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_rows_alternate_and_summarise_paired_ratios(cab, tmp_path, monkeypatch, 
     text = capsys.readouterr().out
     # paired ratios 1.10, 0.90, 1.10: median x1.100, faster in 2 of 3 rounds
     assert "x1.100 (x0.90-1.10), faster in 2 of 3 rounds" in text
+
+
+@pytest.mark.parametrize("error", [RuntimeError("sweep worker failed"), subprocess.TimeoutExpired(["worker"], 3600)])
+def test_a_failed_or_hung_worker_is_one_clear_error(cab, monkeypatch, model, error):
+    def failing(*a, **k):
+        raise error
+
+    monkeypatch.setattr(cab, "measure_in_subprocess", failing)
+    with pytest.raises(SystemExit) as e:
+        cab.worker(_REPO, model, cab.SweepPoint("code_ab", TINY.name, TINY, 1))
+    assert str(e.value).startswith(f"code_ab: the worker with {_REPO} failed")
