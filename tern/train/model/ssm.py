@@ -62,7 +62,13 @@ class SSMMixer(nn.Module):
         # uc: (..., Di) -> dt (..., Di), B (..., N), C (..., N)
         dbc = self.x_proj(uc)  # (..., R + 2N)
         dtl, Bm, Cm = torch.split(dbc, [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.softplus(F.linear(dtl, self.dt_proj.weight, self.dt_proj.bias))  # (..., Di)
+        w, b = self.dt_proj.weight, self.dt_proj.bias
+        if torch.is_grad_enabled() and w.requires_grad:
+            from tern.train.model import ssm_numba
+
+            if ssm_numba.usable(dtl, w, b):  # CPU float32 training: one fused kernel
+                return ssm_numba.dt_proj_softplus(dtl, w, b), Bm, Cm  # (..., Di)
+        dt = F.softplus(F.linear(dtl, w, b))  # (..., Di)
         return dt, Bm, Cm
 
     def forward(self, x: torch.Tensor, state: dict | None = None,
@@ -80,12 +86,20 @@ class SSMMixer(nn.Module):
         f32 = [t.float().contiguous() for t in (uc, dt, Bm, Cm)]  # the scan runs in fp32 (autocast)
         y, hT = selective_scan(f32[0], f32[1], A, f32[2], f32[3], h0,
                                impl=self.scan_impl)  # (B, T, Di), (B, Di, N)
-        y = y + self.D * uc
-        out = self.out_proj(y * F.silu(z))  # (B, T, D)
+        out = self.out_proj(self._skip_gate(y, uc, z))  # (B, T, D)
         if not need_state:
             return out, None
         last = torch.cat([tail, u.transpose(1, 2)], dim=2)[:, :, nt:]  # (B, Di, K-1) last inputs
         return out, {"h": hT.detach(), "conv": last.detach()}
+
+    def _skip_gate(self, y: torch.Tensor, uc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """(y + D * uc) * silu(z), all (B, T, Di); one fused kernel when training on CPU float32."""
+        if torch.is_grad_enabled() and self.D.requires_grad:
+            from tern.train.model import ssm_numba
+
+            if ssm_numba.usable(y, uc, z, self.D):
+                return ssm_numba.skip_gate(y, uc, z, self.D)
+        return (y + self.D * uc) * F.silu(z)
 
     def _conv(self, u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         """silu(causal depthwise conv) of u (B, T, Di) after the K-1 inputs ``tail``

@@ -231,6 +231,40 @@ def _eval_int_product(q: torch.Tensor, wt: torch.Tensor) -> torch.Tensor | None:
     return acc.to(torch.float32).view(*q.shape[:-1], wt.shape[0])
 
 
+class _Bf16BackwardProduct(torch.autograd.Function):
+    """y = x @ w.T in fp32 (the forward unchanged); the backward's two products take bf16
+    operands (the upstream gradient, w and x each rounded to 8 significant bits) with fp32
+    accumulation (AVX512-BF16 where the CPU has it), returned in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # noqa: D102
+        # x: (n, in); w: (out, in)
+        ctx.save_for_backward(x, w)
+        return x.mm(w.t())  # (n, out)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        x, w = ctx.saved_tensors
+        bf = torch.bfloat16
+        gb = g.to(bf)  # (n, out)
+        gx = gb.mm(w.to(bf)).float() if ctx.needs_input_grad[0] else None  # (n, in)
+        gw = gb.t().mm(x.to(bf)).float() if ctx.needs_input_grad[1] else None  # (out, in)
+        return gx, gw
+
+
+def dense_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ w (out, in).T for the model's full-precision output head. In CPU float32
+    training with the bf16 backward mode (:func:`matmul_mode`, ``TrainConfig.cpu_backward``)
+    its two backward products run in bf16 as BitLinear's do (the forward stays fp32: the
+    logits and the loss are unchanged); everywhere else the plain fp32 product."""
+    if (_mode["backward"] == "bf16" and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")):
+        lead = x.shape[:-1]
+        return _Bf16BackwardProduct.apply(x.reshape(-1, x.shape[-1]), w).view(*lead, w.shape[0])
+    return x @ w.t()
+
+
 def bitlinear(x: torch.Tensor, w: torch.Tensor, eps: float, training: bool,
               ternary: bool = True) -> torch.Tensor:
     """y = BitLinear(x; w): x (..., in), w (out, in) -> (..., out); with ``ternary=False``
