@@ -37,7 +37,9 @@ class TrainConfig:
     the two backward products of a 2-D BitLinear take the exact ternary / int8 codes in
     bf16 and the upstream gradient times the row scales rounded to bf16 (fp32
     accumulation, the product rounded to bf16): gradients within bf16 rounding
-    (tern.train.model.quant_numba.Int8MatmulSTE); "auto" (default): "bf16" where the CPU
+    (tern.train.model.quant_numba.Int8MatmulSTE), and so do the two backward products of
+    the fp32 output head (its operands rounded to bf16; tern.train.model.ternary.dense_product:
+    the forward, the logits and the loss stay fp32); "auto" (default): "bf16" where the CPU
     has AVX512-BF16, else "fp32" (tern.train.environment.resolve_cpu_backward; gate-scale
     A/B and quality in gates/v2/README.md).
     """

@@ -267,6 +267,8 @@ def test_head_product_backward_in_bf16_only_in_that_mode():
     g_ref = torch.autograd.grad((ref * gy).sum(), [x, w])
     y32 = dense_product(x, w)  # default mode: the plain fp32 product
     assert torch.equal(y32, ref) and "Bf16" not in y32.grad_fn.name()
+    with matmul_mode("fp32", "bf16"):  # the fp32 reference mode keeps an fp32 backward
+        assert "Bf16" not in dense_product(x, w).grad_fn.name()
     with matmul_mode("int8", "bf16"):
         y = dense_product(x, w)
         with torch.no_grad():

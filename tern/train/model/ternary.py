@@ -254,10 +254,12 @@ class _Bf16BackwardProduct(torch.autograd.Function):
 
 def dense_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ w (out, in).T for the model's full-precision output head. In CPU float32
-    training with the bf16 backward mode (:func:`matmul_mode`, ``TrainConfig.cpu_backward``)
-    its two backward products run in bf16 as BitLinear's do (the forward stays fp32: the
-    logits and the loss are unchanged); everywhere else the plain fp32 product."""
-    if (_mode["backward"] == "bf16" and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    training in matmul mode "int8" with the bf16 backward (:func:`matmul_mode`,
+    ``TrainConfig.cpu_matmul`` / ``cpu_backward``) its two backward products run in bf16 as
+    BitLinear's do (the forward stays fp32: the logits and the loss are unchanged);
+    everywhere else, the "fp32" reference mode included, the plain fp32 product."""
+    if (_mode["matmul"] == "int8" and _mode["backward"] == "bf16" and torch.is_grad_enabled()
+            and (x.requires_grad or w.requires_grad)
             and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")):
         lead = x.shape[:-1]
