@@ -21,6 +21,10 @@ wall time and the synchronising runtime calls per step). Profiled steps run slow
 categories are shares of that: on CPU (AMD Zen 4, gate-4 e8, 1 thread) log-softmax showed
 31 ms a call under the profiler and ~1 ms timed directly in the same step, so check a
 category's share with py-spy before acting on it.
+``--parts`` adds where a step goes timed directly instead (``parts_ms``: median ms of
+forward + backward of each layer's mixer and feed-forward block with its norm, of the head
+with the loss, and of the optimizer update and the gradient clip, on the step's shapes):
+the parts' sum is checked against the whole forward + backward in the same row.
 ``--concurrent 2`` runs two copies of each measurement side by side in two processes (each
 with ``--threads``) and reports each one's figures: the layout question "two single-thread
 runs or one two-thread run" is answered by comparing 2 x tokens_per_s at concurrent 2 /
@@ -115,6 +119,69 @@ def profile_steps(run, rows, first_step: int, n: int) -> dict:
             "profiled_wall_ms": wall, "steps": n, **gpu}
 
 
+def time_parts(run, rows, repeats: int = 15) -> dict:
+    """Median ms of forward + backward of every part of a training step, each timed on its
+    own (module docstring, ``--parts``), and of the whole forward + backward for comparison."""
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        from tern.train.model.ternary import dense_product
+    except ImportError:  # a checkout before the head's product had its own function (PYTHONPATH)
+        def dense_product(x, w):
+            return x @ w.t()
+
+    m, tc, dev = run.model, run.tc, run.dev
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def median_ms(fn) -> float:
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2] * 1e3
+
+    xb = torch.as_tensor(run.data.batch(tc.seed, 0, tc.batch_size, tc.seq_len)[rows]).to(dev)  # (b, T+1)
+    x0 = torch.randn(xb.shape[0], tc.seq_len, m.cfg.d_model, device=dev)  # (b, T, D)
+
+    def backward_of(fn):
+        def run_once():
+            x = x0.clone().requires_grad_()
+            fn(x).sum().backward()
+        return run_once
+
+    parts = {}
+    for i, layer in enumerate(m.layers):
+        kind = type(layer.mixer).__name__
+        parts[f"layer {i} mixer ({kind})"] = median_ms(backward_of(
+            lambda x, layer=layer: layer.mixer(layer.norm1(x), None, False)[0]))
+        if layer.ffn is not None:
+            parts[f"layer {i} ffn ({type(layer.ffn).__name__})"] = median_ms(backward_of(
+                lambda x, layer=layer: layer.ffn(layer.norm2(x))))
+    target = xb[:, 1:].reshape(-1)
+
+    def head_loss(x):
+        logits = dense_product(m.norm_f(x), m.head_weight())  # (b, T, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+
+    parts["head + loss"] = median_ms(backward_of(head_loss))
+    parts["optimizer update"] = median_ms(lambda: run.opt.step())
+    if tc.grad_clip:
+        parts["gradient clip"] = median_ms(lambda: torch.nn.utils.clip_grad_norm_(m.parameters(), tc.grad_clip))
+
+    def whole():
+        run.opt.zero_grad(set_to_none=True)
+        logits = m(xb[:, :-1])
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target).backward()
+
+    return {"parts": parts, "whole_forward_backward": median_ms(whole), "repeats": repeats}
+
+
 def use_reference_paths(run) -> None:
     """The step as before the fused CPU paths: foreach AdamW, masked-softmax attention and
     eval's fp32 integer products (module docstring)."""
@@ -135,7 +202,7 @@ def use_reference_paths(run) -> None:
 
 def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup: int,
             eval_full: bool, eval_batch: int | None, backward: str | None = None,
-            profile: int = 0, paths: str = "fast", device: str = "cpu") -> dict:
+            profile: int = 0, paths: str = "fast", device: str = "cpu", parts: bool = False) -> dict:
     import torch
 
     from tern.core.records import run_metadata, summarize
@@ -178,6 +245,7 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
             times.append(time.perf_counter() - t0)
         times = times[warmup:]
         prof = profile_steps(run, rows, warmup + steps, profile) if profile else None
+        parts_ms = time_parts(run, rows) if parts else None
         eval_s = None
         if eval_full:
             run.model.reset_stats()
@@ -195,7 +263,7 @@ def measure(gate: str, arm: str, dispatch: str, threads: int, steps: int, warmup
             "cpu_backward": resolve_cpu_backward(tc), "paths": paths, "threads": threads, "steps_timed": steps,
             "warmup_steps": warmup, "step_s": s, "tokens_per_s": tokens / s["median"],
             "eval_s": eval_s, "eval_bpb": ev.get("bpb") if eval_full else None,
-            "eval_batch": eval_batch, "profile_ms": prof, **run_metadata(threads)}
+            "eval_batch": eval_batch, "profile_ms": prof, "parts_ms": parts_ms, **run_metadata(threads)}
 
 
 def measure_whole_run(gate: str, arm: str, threads: int, run_steps: int | None) -> dict:
@@ -322,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", nargs="+", default=["fast"], choices=["fast", "reference"],
                    help="fast: the step as trained; reference: without the fused CPU paths")
     p.add_argument("--profile", type=int, default=0, help="profile this many more steps")
+    p.add_argument("--parts", action="store_true",
+                   help="also time each part of the step directly (forward + backward per block)")
     p.add_argument("--code", default=None, help="a tag stored in every row (e.g. before / after)")
     p.add_argument("--code-note", default=None, help="what the tag means, stored in every row")
     p.add_argument("--out", default=None, help="append rows to this JSONL")
@@ -353,13 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                                                      a.concurrent):
         if a.one:
             got = [measure(a.gate, arm, d, t, a.steps, a.warmup, a.eval, a.eval_batch, bw, a.profile, pa,
-                           a.device)]
+                           a.device, a.parts)]
         else:
             cmd = [sys.executable, __file__, "--gate", a.gate, "--arms", arm, "--dispatch", d,
                    "--threads", str(t), "--steps", str(a.steps), "--warmup", str(a.warmup),
                    "--paths", pa, "--profile", str(a.profile), "--device", a.device, "--one"]
             cmd += ["--backward", bw] if bw else []
             cmd += ["--eval"] if a.eval else []
+            cmd += ["--parts"] if a.parts else []
             cmd += ["--eval-batch", str(a.eval_batch)] if a.eval_batch else []
             # every measurement in fresh processes ("reference" patches module state)
             procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(conc)]
@@ -382,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"-> {r['tokens_per_s']:,.0f} tok/s{ev}", flush=True)
             for c, v in ((r.get("profile_ms") or {}).get("self_ms_per_step") or {}).items():
                 print(f"    {c:<42} {v:7.1f} ms/step (self CPU)")
+            if r.get("parts_ms"):
+                pm = r["parts_ms"]
+                for c, v in pm["parts"].items():
+                    print(f"    {c:<42} {v:7.2f} ms (forward + backward, timed alone)")
+                print(f"    {'sum of the parts':<42} {sum(pm['parts'].values()):7.2f} ms; the whole forward + "
+                      f"backward {pm['whole_forward_backward']:.2f} ms")
             prof = r.get("profile_ms") or {}
             if "device_ms_per_step" in prof:
                 print(f"    GPU kernels: {prof['device_ms_per_step']:.1f} ms/step over "

@@ -64,3 +64,19 @@ def test_step_rows_say_where_they_ran_and_cuda_without_a_gpu_is_refused(tmp_path
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
         mod.main(["--gate", str(gate), "--arms", "B", "--device", "cuda"])
+
+
+def test_parts_time_every_block_and_add_up_to_about_the_whole(tmp_path):
+    gate = smoke_gate_file(tmp_path)
+    row = _script().measure(str(gate), "B", "auto", 1, steps=1, warmup=0, eval_full=False, eval_batch=None,
+                            parts=True)
+    pm = row["parts_ms"]
+    from tern.decide.spec import load_gate
+
+    n_layers = load_gate(str(gate)).model_config("B").n_layers
+    mixers = [k for k in pm["parts"] if k.startswith("layer ") and "mixer" in k]
+    assert len(mixers) == n_layers and "head + loss" in pm["parts"] and "optimizer update" in pm["parts"]
+    assert all(v > 0 for v in pm["parts"].values()) and pm["whole_forward_backward"] > 0
+    blocks = sum(v for k, v in pm["parts"].items() if k.startswith(("layer ", "head")))
+    # each block timed alone: their sum is the whole forward + backward within a loose factor
+    assert 0.3 < blocks / pm["whole_forward_backward"] < 3.0
