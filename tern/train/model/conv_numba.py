@@ -92,12 +92,6 @@ class _ConvSilu(torch.autograd.Function):
         return gx, None, gw.sum(0), gb.sum(0)
 
 
-def usable(*ts: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: CPU float32 tensors, not under autocast."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts)
-            and not torch.is_autocast_enabled("cpu"))
-
-
 def causal_conv_silu(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor,
                      bias: torch.Tensor) -> torch.Tensor:
     """silu(causal depthwise conv): x (B, T, Di), tail (B, Di, K-1) the inputs before x

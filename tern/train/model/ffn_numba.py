@@ -98,11 +98,6 @@ class _GatedActQuant(torch.autograd.Function):
         return ggu.view(ctx.shape), None, None
 
 
-def usable(t: torch.Tensor) -> bool:
-    """Whether the fused kernel applies: CPU float32, not under autocast."""
-    return t.device.type == "cpu" and t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-
-
 def gated_act_quant(gu: torch.Tensor, act: str, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """gu (..., 2H) (gate then up) -> (q * a / 127 of h = act(g, u) with straight-through
     rounding and exact gradients, q int8 (..., H), a / 127 (..., 1))."""

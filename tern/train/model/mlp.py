@@ -56,9 +56,9 @@ def gated_ffn(xin, gate_up, down, hidden: int, act: str, eps: float, training: b
     Returns (..., n, D)."""
     gu = qmatmul(xin, gate_up)  # (..., n, 2H)
     if training and ternary:
-        from tern.train.model import ffn_numba
+        from tern.train.model import ffn_numba, quant_numba
 
-        if ffn_numba.usable(gu):  # CPU: activation and quantization fused, one pass each way
+        if quant_numba.usable(gu):  # CPU: activation and quantization fused, one pass each way
             v, q, c = ffn_numba.gated_act_quant(gu, act, eps)  # (..., n, H), ..., (..., n, 1)
             return qmatmul(Operand(v, None, q, c), down)  # (n, D)
     h = activation(act, gu[..., :hidden], gu[..., hidden:])  # (..., n, H)

@@ -91,10 +91,10 @@ def grouped_qmatmul(xin: Operand, win: Operand, offs: torch.Tensor, row_expert: 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """probs (n, E), top indices (n, k) (ties: lower expert index first), weights (n, k)."""
-    from tern.train.model import moe_numba
+    from tern.train.model import moe_numba, quant_numba
 
     p = torch.softmax(logits, dim=-1)  # (n, E)
-    if moe_numba.usable(p):  # one pass a row (numba), same order as the stable sort below
+    if quant_numba.usable(p):  # one pass a row (numba), same order as the stable sort below
         top = moe_numba.top_k_indices(p, top_k)  # (n, k)
     else:  # a stable descending sort keeps the lower index first among equal probabilities
         top = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top_k]  # (n, k)
@@ -106,9 +106,9 @@ def _combine(y_sorted: torch.Tensor, w: torch.Tensor, order: torch.Tensor) -> to
     """sum_j w[t, j] * (expert output of assignment (t, j)): y_sorted (n*k, D) in sorted
     order, w (n, k), order (n*k,) the flat assignment of each sorted row -> (n, D).
     Fused numba kernels on CPU float32 (``moe_numba``), torch ops elsewhere."""
-    from tern.train.model import moe_numba
+    from tern.train.model import moe_numba, quant_numba
 
-    if moe_numba.usable(y_sorted, w):
+    if quant_numba.usable(y_sorted, w):
         return moe_numba.combine(y_sorted, w, order)
     n, k = w.shape
     y = torch.empty_like(y_sorted).index_copy(0, order, y_sorted).view(n, k, -1)  # (n, k, D)
@@ -195,9 +195,9 @@ class MoE(nn.Module):
         gu_w, down_w = self.experts.prepared(tr)  # (E, 2H, D), (E, D, H)
         gu = grouped_qmatmul(xs, gu_w, offs, row_expert)  # (n*k, 2H)
         if tr and et:
-            from tern.train.model import ffn_numba
+            from tern.train.model import ffn_numba, quant_numba
 
-            if ffn_numba.usable(gu):  # CPU: activation + down-input quantization fused
+            if quant_numba.usable(gu):  # CPU: activation + down-input quantization fused
                 v, q, c = ffn_numba.gated_act_quant(gu, self.act, self.eps)  # (n*k, H) ...
                 return grouped_qmatmul(Operand(v, None, q, c), down_w, offs, row_expert)
         h = activation(self.act, gu[:, :self.hidden], gu[:, self.hidden:])  # (n*k, H)

@@ -141,12 +141,6 @@ class _Combine(torch.autograd.Function):
         return gy, gw, None
 
 
-def usable(*ts: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: CPU float32 tensors, not under autocast."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts)
-            and not torch.is_autocast_enabled("cpu"))
-
-
 def combine(y_sorted: torch.Tensor, w: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """out (n, D) = sum_j w[t, j] * y_sorted[row of assignment (t, j)]: y_sorted (n * k, D)
     the expert outputs in sorted order, w (n, k) router weights, order (n * k,) the flat

@@ -209,9 +209,11 @@ class Int8MatmulSTE(torch.autograd.Function):
         return gx, gw, None, None, None, None, None
 
 
-def usable(t: torch.Tensor) -> bool:
-    """Whether the fused CPU kernels apply (CPU float32, not under autocast)."""
-    return t.device.type == "cpu" and t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+def usable(*ts: torch.Tensor) -> bool:
+    """Whether the fused CPU kernels apply to tensors ``ts``: all CPU float32, not under
+    autocast (the one test every fused training kernel of tern.train.model uses)."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts)
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def ste_weight_codes_cpu(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,16 @@ from tern.train.model.scan import selective_scan
 from tern.train.model.ternary import BitLinear, is_ternary
 
 
+def _fused_training(param: torch.Tensor, *ts: torch.Tensor) -> bool:
+    """Whether this call trains ``param`` with a fused numba kernel: gradients on, ``param``
+    trainable and every tensor CPU float32 outside autocast (quant_numba.usable)."""
+    if not (torch.is_grad_enabled() and param.requires_grad):
+        return False
+    from tern.train.model import quant_numba
+
+    return quant_numba.usable(param, *ts)
+
+
 class _Conv(nn.Module):
     """Causal depthwise convolution parameters: weight (Di, K), bias (Di,)."""
 
@@ -63,11 +73,10 @@ class SSMMixer(nn.Module):
         dbc = self.x_proj(uc)  # (..., R + 2N)
         dtl, Bm, Cm = torch.split(dbc, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         w, b = self.dt_proj.weight, self.dt_proj.bias
-        if torch.is_grad_enabled() and w.requires_grad:
+        if _fused_training(w, dtl, b):  # CPU float32 training: one fused kernel
             from tern.train.model import ssm_numba
 
-            if ssm_numba.usable(dtl, w, b):  # CPU float32 training: one fused kernel
-                return ssm_numba.dt_proj_softplus(dtl, w, b), Bm, Cm  # (..., Di)
+            return ssm_numba.dt_proj_softplus(dtl, w, b), Bm, Cm  # (..., Di)
         dt = F.softplus(F.linear(dtl, w, b))  # (..., Di)
         return dt, Bm, Cm
 
@@ -94,21 +103,20 @@ class SSMMixer(nn.Module):
 
     def _skip_gate(self, y: torch.Tensor, uc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """(y + D * uc) * silu(z), all (B, T, Di); one fused kernel when training on CPU float32."""
-        if torch.is_grad_enabled() and self.D.requires_grad:
+        if _fused_training(self.D, y, uc, z):
             from tern.train.model import ssm_numba
 
-            if ssm_numba.usable(y, uc, z, self.D):
-                return ssm_numba.skip_gate(y, uc, z, self.D)
+            return ssm_numba.skip_gate(y, uc, z, self.D)
         return (y + self.D * uc) * F.silu(z)
 
     def _conv(self, u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         """silu(causal depthwise conv) of u (B, T, Di) after the K-1 inputs ``tail``
         (B, Di, K-1) -> (B, T, Di); fused numba kernels when training on CPU float32 (eval
         keeps torch's conv1d, whose rounding the one-token step form follows closely)."""
-        from tern.train.model import conv_numba
-
         w, bias = self.conv.weight, self.conv.bias
-        if torch.is_grad_enabled() and w.requires_grad and conv_numba.usable(u, tail, w, bias):
+        if _fused_training(w, u, tail, bias):
+            from tern.train.model import conv_numba
+
             return conv_numba.causal_conv_silu(u, tail, w, bias)
         upad = torch.cat([tail, u.transpose(1, 2)], dim=2)  # (B, Di, K-1+T)
         uc = F.conv1d(upad, w.unsqueeze(1), bias, groups=self.d_inner)

@@ -171,12 +171,6 @@ class _SkipGate(torch.autograd.Function):
         return gy.view(shape), gu.view(shape), gz.view(shape), gd.sum(0)
 
 
-def usable(*ts: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: CPU float32 tensors, not under autocast."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts)
-            and not torch.is_autocast_enabled("cpu"))
-
-
 def dt_proj_softplus(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """softplus(x @ w.T + b): x (..., R), w (Di, R), b (Di,) -> (..., Di); differentiable in
     all three (CPU float32)."""

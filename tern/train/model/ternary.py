@@ -259,11 +259,12 @@ def dense_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     BitLinear's do (the forward stays fp32: the logits and the loss are unchanged);
     everywhere else, the "fp32" reference mode included, the plain fp32 product."""
     if (_mode["matmul"] == "int8" and _mode["backward"] == "bf16" and torch.is_grad_enabled()
-            and (x.requires_grad or w.requires_grad)
-            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu")):
-        lead = x.shape[:-1]
-        return _Bf16BackwardProduct.apply(x.reshape(-1, x.shape[-1]), w).view(*lead, w.shape[0])
+            and (x.requires_grad or w.requires_grad)):
+        from tern.train.model import quant_numba
+
+        if quant_numba.usable(x, w):
+            lead = x.shape[:-1]
+            return _Bf16BackwardProduct.apply(x.reshape(-1, x.shape[-1]), w).view(*lead, w.shape[0])
     return x @ w.t()
 
 
