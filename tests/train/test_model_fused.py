@@ -279,3 +279,21 @@ def test_head_product_backward_in_bf16_only_in_that_mode():
     for a, r in zip(g_bf, g_ref, strict=True):
         assert a.dtype == torch.float32 and not torch.equal(a, r)  # rounded operands ...
         torch.testing.assert_close(a, r, rtol=0.02, atol=0.02 * float(r.abs().max()))  # ... bf16's 8 bits
+
+
+def test_fused_kernels_refuse_shapes_they_would_read_past():
+    p = torch.softmax(torch.randn(4, 8), -1)
+    with pytest.raises(ValueError, match="shape"):
+        moe_numba.top_k_indices(p[0], 2)
+    with pytest.raises(ValueError, match="expert ids"):
+        moe_numba.dispatch_order(torch.tensor([0, 3, 8]), 8)  # 8 is not an expert of 8
+    with pytest.raises(ValueError, match="expert ids"):
+        moe_numba.dispatch_order(torch.tensor([-1, 2]), 8)
+    with pytest.raises(ValueError, match="dt_proj_softplus"):
+        ssm_numba.dt_proj_softplus(torch.randn(5, 8), torch.randn(16, 4), torch.randn(16))
+    with pytest.raises(ValueError, match="dt_proj_softplus"):
+        ssm_numba.dt_proj_softplus(torch.randn(5, 4), torch.randn(16, 4), torch.randn(15))
+    with pytest.raises(ValueError, match="skip_gate"):
+        ssm_numba.skip_gate(torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 5), torch.ones(6))
+    with pytest.raises(ValueError, match="skip_gate"):
+        ssm_numba.skip_gate(torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 6), torch.ones(5))

@@ -107,6 +107,8 @@ def top_k_indices(p: torch.Tensor, k: int) -> torch.Tensor:
     """(n, k) int64: each row's ``k`` largest entries of p (n, E) (CPU float32), largest
     first, ties broken by the lower index (NaN ranks above every number): the indices
     ``torch.sort(p, descending=True, stable=True).indices[:, :k]`` gives."""
+    if p.dim() != 2:
+        raise ValueError(f"top_k_indices wants probabilities of shape (n, E), got {tuple(p.shape)}")
     if not 1 <= k <= p.shape[-1]:
         raise ValueError(f"top_k must be in 1..{p.shape[-1]}, got {k}")
     top = torch.empty(p.shape[0], k, dtype=torch.int64)
@@ -118,6 +120,8 @@ def dispatch_order(flat: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, li
     """Assignments sorted by expert, stable (``torch.sort(flat, stable=True).indices``), and
     the assignments per expert (``torch.bincount(flat, minlength=n_experts)``) of flat
     (m,) int64 expert ids in 0..n_experts-1 (CPU)."""
+    if flat.dim() != 1 or (flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n_experts)):
+        raise ValueError(f"dispatch_order wants a 1-D tensor of expert ids in 0..{n_experts - 1}")
     order = torch.empty(flat.numel(), dtype=torch.int64)
     counts = np.empty(n_experts, np.int64)
     _counting_order(flat.contiguous().numpy(), n_experts, order.numpy(), counts)

@@ -174,10 +174,16 @@ class _SkipGate(torch.autograd.Function):
 def dt_proj_softplus(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """softplus(x @ w.T + b): x (..., R), w (Di, R), b (Di,) -> (..., Di); differentiable in
     all three (CPU float32)."""
+    if w.dim() != 2 or x.shape[-1] != w.shape[1] or tuple(b.shape) != (w.shape[0],):
+        raise ValueError(f"dt_proj_softplus: x (..., R), w (Di, R), b (Di,) expected, got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}, {tuple(b.shape)}")
     return _DtProjSoftplus.apply(x, w, b)
 
 
 def skip_gate(y: torch.Tensor, u: torch.Tensor, z: torch.Tensor, dsk: torch.Tensor) -> torch.Tensor:
     """(y + D * u) * silu(z): y, u, z (..., Di), dsk = D (Di,) -> (..., Di); differentiable
     in all four (CPU float32)."""
+    if not (y.shape == u.shape == z.shape) or tuple(dsk.shape) != (y.shape[-1],):
+        raise ValueError(f"skip_gate: y, u, z of one shape (..., Di) and D (Di,) expected, got "
+                         f"{tuple(y.shape)}, {tuple(u.shape)}, {tuple(z.shape)}, {tuple(dsk.shape)}")
     return _SkipGate.apply(y, u, z, dsk)
