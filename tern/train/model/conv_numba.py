@@ -8,7 +8,11 @@ form's transposes and the conv1d's contiguous copies disappear. The backward
 gives the input, weight and bias gradients (the tail, a detached decode state, gets none),
 each batch row in its own job with per-row partial sums for w and bias reduced in a fixed
 order afterwards: deterministic for any thread count. The sigmoid (the vectorisable
-``tern.kernels.fastmath.fsigmoid``) is kept for the backward.
+``tern.kernels.fastmath.fsigmoid``) is kept for the backward. The kernels take the weight
+transposed, (K, Di), so every inner loop over channels reads with unit stride and
+vectorises: at the gate-4 shape (B 8, T 128, Di 256, K 4, 1 thread, AMD EPYC Zen 4) the
+(Di, K) form's strided reads cost forward + backward 2.0 ms a layer against 0.73 now,
+bit-identical (session 41, 9 interleaved rounds).
 """
 
 from __future__ import annotations
@@ -21,17 +25,18 @@ from tern.kernels.fastmath import fsigmoid
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _fwd(xp, w, bias, pre, sig, out):
-    # xp: (B, K-1+T, Di) tail then x; pre, sig, out: (B, T, Di); w: (Di, K); bias: (Di,)
+def _fwd(xp, wt, bias, pre, sig, out):
+    # xp: (B, K-1+T, Di) tail then x; pre, sig, out: (B, T, Di); wt: (K, Di) (w transposed:
+    # the d loops read it with unit stride and vectorise); bias: (Di,)
     nb, nt, di = pre.shape
-    kk = w.shape[1]
+    kk = wt.shape[0]
     for b in prange(nb):
         for t in range(nt):
             for d in range(di):
                 pre[b, t, d] = bias[d]
             for k in range(kk):
                 for d in range(di):
-                    pre[b, t, d] += w[d, k] * xp[b, t + k, d]
+                    pre[b, t, d] += wt[k, d] * xp[b, t + k, d]
             for d in range(di):
                 p = pre[b, t, d]
                 sg = fsigmoid(p)
@@ -40,16 +45,17 @@ def _fwd(xp, w, bias, pre, sig, out):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _bwd(xp, w, pre, sig, g, gx, gw_part, gb_part):
-    # g, gx: (B, T, Di); gw_part: (B, Di, K); gb_part: (B, Di)
+def _bwd(xp, wt, pre, sig, g, gx, gw_part, gb_part):
+    # g, gx: (B, T, Di); wt: (K, Di); gw_part: (B, K, Di); gb_part: (B, Di)
     nb, nt, di = pre.shape
-    kk = w.shape[1]
+    kk = wt.shape[0]
     for b in prange(nb):
         gp = np.empty((nt, di), np.float32)
         for d in range(di):
             gb_part[b, d] = 0.0
-            for k in range(kk):
-                gw_part[b, d, k] = 0.0
+        for k in range(kk):
+            for d in range(di):
+                gw_part[b, k, d] = 0.0
         for t in range(nt):
             for d in range(di):
                 sg = sig[b, t, d]
@@ -58,7 +64,7 @@ def _bwd(xp, w, pre, sig, g, gx, gw_part, gb_part):
                 gb_part[b, d] += v
             for k in range(kk):
                 for d in range(di):
-                    gw_part[b, d, k] += gp[t, d] * xp[b, t + k, d]
+                    gw_part[b, k, d] += gp[t, d] * xp[b, t + k, d]
         for s in range(nt):
             for d in range(di):
                 gx[b, s, d] = 0.0
@@ -66,30 +72,30 @@ def _bwd(xp, w, pre, sig, g, gx, gw_part, gb_part):
                 t = s + kk - 1 - k
                 if t < nt:
                     for d in range(di):
-                        gx[b, s, d] += w[d, k] * gp[t, d]
+                        gx[b, s, d] += wt[k, d] * gp[t, d]
 
 
 class _ConvSilu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tail, w, bias):  # noqa: D102
         xp = torch.cat([tail.detach().transpose(1, 2), x.detach()], 1)  # (B, K-1+T, Di)
-        w, bias = w.detach().contiguous(), bias.detach().contiguous()
+        wt, bias = w.detach().t().contiguous(), bias.detach().contiguous()  # (K, Di), (Di,)
         pre = torch.empty(x.shape, dtype=torch.float32)
         sig, out = torch.empty_like(pre), torch.empty_like(pre)
-        _fwd(xp.numpy(), w.numpy(), bias.numpy(), pre.numpy(), sig.numpy(), out.numpy())
-        ctx.save_for_backward(xp, w, pre, sig)
+        _fwd(xp.numpy(), wt.numpy(), bias.numpy(), pre.numpy(), sig.numpy(), out.numpy())
+        ctx.save_for_backward(xp, wt, pre, sig)
         return out
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        xp, w, pre, sig = ctx.saved_tensors
+        xp, wt, pre, sig = ctx.saved_tensors
         nb, _, di = pre.shape
         gx = torch.empty_like(pre)
-        gw = torch.empty(nb, di, w.shape[1], dtype=torch.float32)
+        gw = torch.empty(nb, wt.shape[0], di, dtype=torch.float32)  # (B, K, Di)
         gb = torch.empty(nb, di, dtype=torch.float32)
-        _bwd(xp.numpy(), w.numpy(), pre.numpy(), sig.numpy(), g.contiguous().numpy(), gx.numpy(),
+        _bwd(xp.numpy(), wt.numpy(), pre.numpy(), sig.numpy(), g.contiguous().numpy(), gx.numpy(),
              gw.numpy(), gb.numpy())
-        return gx, None, gw.sum(0), gb.sum(0)
+        return gx, None, gw.sum(0).t(), gb.sum(0)
 
 
 def causal_conv_silu(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor,
