@@ -87,11 +87,15 @@ def _top_k(p, k, top):
 
 @njit(cache=True)
 def _counting_order(flat, n_experts, order, counts):
-    # flat: (m,) expert of each assignment; order: (m,) assignments sorted by expert, stable
+    # flat: (m,) expert of each assignment; order: (m,) assignments sorted by expert, stable.
+    # Returns False (order unwritten) at the first id outside 0..n_experts-1.
     for e in range(n_experts):
         counts[e] = 0
     for i in range(flat.shape[0]):
-        counts[flat[i]] += 1
+        e = flat[i]
+        if e < 0 or e >= n_experts:
+            return False
+        counts[e] += 1
     start = np.empty(n_experts, np.int64)
     s = 0
     for e in range(n_experts):
@@ -101,6 +105,7 @@ def _counting_order(flat, n_experts, order, counts):
         e = flat[i]
         order[start[e]] = i
         start[e] += 1
+    return True
 
 
 def top_k_indices(p: torch.Tensor, k: int) -> torch.Tensor:
@@ -120,11 +125,11 @@ def dispatch_order(flat: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, li
     """Assignments sorted by expert, stable (``torch.sort(flat, stable=True).indices``), and
     the assignments per expert (``torch.bincount(flat, minlength=n_experts)``) of flat
     (m,) int64 expert ids in 0..n_experts-1 (CPU)."""
-    if flat.dim() != 1 or (flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n_experts)):
-        raise ValueError(f"dispatch_order wants a 1-D tensor of expert ids in 0..{n_experts - 1}")
     order = torch.empty(flat.numel(), dtype=torch.int64)
     counts = np.empty(n_experts, np.int64)
-    _counting_order(flat.contiguous().numpy(), n_experts, order.numpy(), counts)
+    # the kernel checks every id in its counting pass
+    if flat.dim() != 1 or not _counting_order(flat.contiguous().numpy(), n_experts, order.numpy(), counts):
+        raise ValueError(f"dispatch_order wants a 1-D tensor of expert ids in 0..{n_experts - 1}")
     return order, counts.tolist()
 
 
