@@ -297,3 +297,11 @@ def test_fused_kernels_refuse_shapes_they_would_read_past():
         ssm_numba.skip_gate(torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 5), torch.ones(6))
     with pytest.raises(ValueError, match="skip_gate"):
         ssm_numba.skip_gate(torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 6), torch.ones(5))
+    from tern.train.model import conv_numba
+
+    x, tail, w, b = torch.randn(2, 5, 6), torch.randn(2, 6, 3), torch.randn(6, 4), torch.randn(6)
+    assert conv_numba.causal_conv_silu(x, tail, w, b).shape == (2, 5, 6)
+    for bad in ((x, tail, torch.randn(7, 4), b), (x, tail, w, torch.randn(5)), (x, torch.randn(2, 6, 2), w, b),
+                (x[0], tail, w, b)):
+        with pytest.raises(ValueError, match="causal_conv_silu"):
+            conv_numba.causal_conv_silu(*bad)

@@ -102,4 +102,9 @@ def causal_conv_silu(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor,
                      bias: torch.Tensor) -> torch.Tensor:
     """silu(causal depthwise conv): x (B, T, Di), tail (B, Di, K-1) the inputs before x
     (a constant), w (Di, K), bias (Di,) -> (B, T, Di); differentiable in x, w and bias."""
+    ok = x.dim() == 3 and w.dim() == 2 and tuple(bias.shape) == (x.shape[2],)
+    if not (ok and w.shape[0] == x.shape[2] and w.shape[1] >= 1
+            and tuple(tail.shape) == (x.shape[0], x.shape[2], w.shape[1] - 1)):
+        raise ValueError(f"causal_conv_silu: x (B, T, Di), tail (B, Di, K-1), w (Di, K), bias (Di,) expected, "
+                         f"got {tuple(x.shape)}, {tuple(tail.shape)}, {tuple(w.shape)}, {tuple(bias.shape)}")
     return _ConvSilu.apply(x, tail, w, bias)
