@@ -39,7 +39,7 @@ from numba import prange
 from numba.core import cgutils
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_ternary import MAX_COLS, act_sum
+from tern.kernels.kernels_ternary import MAX_COLS, act_sum, check_kernel_arrays
 from tern.kernels.packing import B3_MAX_BYTE, B3_TRITS
 from tern.kernels.prefetch import (
     PREFETCH_MIN_BYTES,
@@ -363,11 +363,7 @@ def check_b3_args(packed, row_scale, xq, x_scale, out) -> None:
     """ValueError naming the problem unless the arguments fit a b3 matvec: bytes <= 242,
     ceil(cols / 5) bytes per row, and what the ternary2 kernels need (C-contiguous uint8 /
     float32 / int8 / float32 arrays of matching lengths, finite scales, xq >= -127)."""
-    for a, name, dtype, ndim in ((packed, "packed", np.uint8, 2), (row_scale, "row_scale", np.float32, 1),
-                                 (xq, "xq", np.int8, 1), (out, "out", np.float32, 1)):
-        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
-            raise ValueError(f"{name} must be a C-contiguous {ndim}-D {np.dtype(dtype).name} array, got "
-                             f"{getattr(a, 'dtype', type(a))} with shape {getattr(a, 'shape', None)}")
+    check_kernel_arrays(packed, row_scale, xq, out)
     rows, cols = packed.shape[0], xq.shape[0]
     problems = [(rows < 1 or cols < 1, f"empty matvec: packed {packed.shape}, xq {xq.shape}"),
                 (packed.shape[1] != (cols + B3_TRITS - 1) // B3_TRITS,

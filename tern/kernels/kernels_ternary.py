@@ -379,23 +379,23 @@ def ternary_matvec_skip_par(packed_t, row_scale, xq, x_scale, out):
 
 
 # ---- validation and reference ---------------------------------------------------------------
+def check_kernel_arrays(packed, row_scale, xq, out) -> None:
+    """ValueError unless packed / row_scale / xq / out are C-contiguous 2-D uint8 / 1-D float32 / int8 / float32
+    arrays (the array part of every packed matvec's check: b3, blocked16)."""
+    for a, name, dtype, ndim in ((packed, "packed", np.uint8, 2), (row_scale, "row_scale", np.float32, 1),
+                                 (xq, "xq", np.int8, 1), (out, "out", np.float32, 1)):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be a C-contiguous {ndim}-D {np.dtype(dtype).name} array, got "
+                             f"{getattr(a, 'dtype', type(a))} with shape {getattr(a, 'shape', None)}")
+
+
 def check_matvec_args(packed, row_scale, xq, x_scale, out, transposed: bool = False) -> None:
     """ValueError naming the problem unless the arguments fit a ternary2 matvec.
 
     ``transposed``: ``packed`` is W.T (the skip kernel's orientation)."""
     from tern.kernels.packing import ternary2_row_bytes
 
-    def arr(a, name, dtype, ndim):
-        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
-            raise ValueError(f"{name} must be a {ndim}-D {np.dtype(dtype).name} array, got "
-                             f"{getattr(a, 'dtype', type(a))} with shape {getattr(a, 'shape', None)}")
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-
-    arr(packed, "packed", np.uint8, 2)
-    arr(row_scale, "row_scale", np.float32, 1)
-    arr(xq, "xq", np.int8, 1)
-    arr(out, "out", np.float32, 1)
+    check_kernel_arrays(packed, row_scale, xq, out)
     if packed.shape[0] < 1 or xq.shape[0] < 1:
         raise ValueError(f"empty matvec: packed {packed.shape}, xq {xq.shape}")
     if transposed:

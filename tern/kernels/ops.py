@@ -23,6 +23,7 @@ import numpy as np
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
+from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec, blocked16_matvec_par
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
     DENSE_FP16,
@@ -84,7 +85,10 @@ G_ROUTER_KIND = 28
 # read into the xd scratch); 0: ternary2 (the engine's b3 option, tern.run.engine)
 G_B3, G_STREAM_PF = 29, 30  # G_STREAM_PF 1: the streaming kernel prefetches (EnginePolicy.stream_prefetch)
 G_DT_KIND = 31  # the SSM dt projections' stored dtype (ModelConfig.dt_format): DENSE_FP32 or DENSE_FP16
-N_GLOBALS = 32
+# G_BLOCKED 1: every row-oriented ternary2 matrix is in the blocked16 layout (16 rows one stream,
+# tern.kernels.kernels_blocked; the engine's layout option); 0: rows as stored
+G_BLOCKED = 32
+N_GLOBALS = 33
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
@@ -99,6 +103,9 @@ def mat_bytes(G, rows, cols):
         return rows * cols * 4
     if G[G_B3]:
         return rows * ((cols + 4) // 5)
+    if G[G_BLOCKED]:
+        nb, bb = blocked16_dims(rows, cols)
+        return nb * bb
     return rows * ((cols + 3) // 4)
 
 
@@ -300,6 +307,14 @@ def bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, nxt
             b3_matvec_xp_par(P, f32(buf, aux, s_addr, rows), xp, xs, out[:rows])
         else:
             b3_matvec_xp(P, f32(buf, aux, s_addr, rows), xp, xs, out[:rows])
+        return
+    if G[G_BLOCKED]:  # 16-row blocks, one stream each (kernels_blocked); same sums
+        nb, bb = blocked16_dims(rows, cols)
+        P = u8(buf, aux, w_addr, nb * bb).reshape(nb, bb)
+        if par(G, rows * cols):
+            blocked16_matvec_par(P, f32(buf, aux, s_addr, rows), xq[:cols], xs, out[:rows])
+        else:
+            blocked16_matvec(P, f32(buf, aux, s_addr, rows), xq[:cols], xs, out[:rows])
         return
     rb = (cols + 3) // 4
     P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
@@ -619,6 +634,6 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
     pos[0] += 1
 
 
-_DEPS = ("kernels_ternary.py", "kernels_b3.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
+_DEPS = ("kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
          "routing.py", "ssm_step.py", "kernels_unpack.py", COMPILED_SETTINGS)
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

@@ -18,7 +18,7 @@ from typing import Any
 JSON_FIELDS = """\
   text: generated text (prompt excluded), prompt, token_ids (generated), prompt_tokens,
   generated_tokens, tok_per_s (generation only, prompt excluded), prefill_s, decode_s,
-  model, tokenizer, threads, region, seed, temperature, top_k, top_p, repetition_penalty"""
+  model, tokenizer, threads, region, layout, seed, temperature, top_k, top_p, repetition_penalty"""
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
@@ -34,6 +34,9 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-matrix", action="store_true",
                    help="with --threads > 1: a parallel region per large matrix instead of the default "
                         "one region per token (the same text; the default is faster on small models)")
+    p.add_argument("--layout", choices=("rows", "blocked16"), default="rows",
+                   help="ternary matrices in memory: rows as stored (default), or re-packed at load into "
+                        "16-row blocks read as one stream (faster on short rows; the same text)")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 
@@ -57,7 +60,8 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
     # the full check (crc32, ternary codes, finite weights) of every byte: a header-only
     # check lets a corrupted file decode garbage (tern.packed.reader.load_packed)
-    eng = Engine(args.model, threads=args.threads, check="full", region=False if args.per_matrix else "auto")
+    eng = Engine(args.model, threads=args.threads, check="full", region=False if args.per_matrix else "auto",
+                 layout=args.layout)
     name = args.tokenizer or (eng.model.tokenizer or {}).get("name")
     if not name:
         raise ValueError(f"{args.model} names no tokenizer; pass --tokenizer")
@@ -103,7 +107,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
         "text": text, "prompt": args.prompt, "token_ids": ids, "prompt_tokens": len(prompt_ids),
         "generated_tokens": len(ids), "prefill_s": prefill, "decode_s": decode,
         "tok_per_s": (len(ids) - 1) / decode if len(ids) > 1 and decode > 0 else None,
-        "model": str(args.model), "tokenizer": name, "threads": args.threads, "region": eng.region,
+        "model": str(args.model), "tokenizer": name, "threads": args.threads, "region": eng.region, "layout": eng.layout,
         "seed": args.seed,
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,

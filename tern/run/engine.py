@@ -34,6 +34,9 @@ computes the same model (docs/MODEL.md):
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
 - ``b3``: base-3 (1.6-bit) matrices read as stored (``"direct"``, tern.kernels.kernels_b3) or
   expanded to ternary2 at load (``"expand"``); ``"auto"``: tern.kernels.policy.b3_mode. Same logits.
+- ``layout``: row-oriented ternary matrices ``"rows"`` as stored (default) or ``"blocked16"``: re-packed at load
+  into 16-row blocks, each one stream with no per-row sums (tern.kernels.kernels_blocked; load time and resident
+  memory; b3 files expanded; the skip kernel's transposed down projections unchanged). Same logits.
 - ``weights``: where the token step reads the file's bytes: ``"copy"``, a copy in
   anonymous memory on transparent huge pages (tern.run.weights: fewer TLB misses; costs a
   pass over the file at load and its size in resident memory), ``"map"``, the
@@ -66,7 +69,6 @@ from tern.core.config import tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
-from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2, pack_ternary_b3
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
     REGION_ITEMS_PER_THREAD,
@@ -82,11 +84,12 @@ from tern.kernels.region import phase_counters, thread_count_reader
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
 from tern.run.region_watch import RegionRunner
-from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy
+from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy, kernel_matrix
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "dram", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
 WEIGHTS_MODES = ("auto", "copy", "map")  # huge-page copy of the file, or the memory map
+LAYOUTS = ("rows", "blocked16")  # row-oriented ternary2 matrices: as stored, or 16-row blocks (kernels_blocked)
 DENSE16_MODES = ("direct", "expand")  # fp16 / bf16 tables read as stored, or converted to fp32 at load
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM
@@ -103,7 +106,7 @@ class Engine:
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
-                 region: bool | str = "auto", stream_prefetch: bool | str = "auto"):
+                 region: bool | str = "auto", stream_prefetch: bool | str = "auto", layout: str = "rows"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -147,6 +150,12 @@ class Engine:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
         self.llc_bytes = llc_bytes_here(tuned)  # its rules' LLC: the probe's (a VM's slice of a big L3), else the OS's
+        for bad, why in ((layout not in LAYOUTS, f"layout must be one of {LAYOUTS}, got {layout!r}"),
+                         (layout == "blocked16" and kernel != "ternary", "layout='blocked16' needs the ternary kernel"),
+                         (layout == "blocked16" and b3 == "direct", "layout='blocked16' needs b3='expand' (or 'auto')")):
+            if bad:
+                raise ValueError(why)
+        self.layout, b3 = layout, ("expand" if layout == "blocked16" else b3)  # blocked16 re-packs ternary2 rows
         self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, self.llc_bytes, self.model.packing)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
@@ -178,18 +187,8 @@ class Engine:
             wt, s = self.model.ternary(name)  # (..., rows, cols), (..., rows)
             return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
         b3 = self._b3_direct and orientation == "rows"  # G_B3: row matrices in the b3 layout
-        if p["orientation"] == orientation and p["format"] == ("ternary_b3" if b3 else "ternary2"):
-            return self._file_addr(f"{name}.packed"), s_addr  # as stored
-        if p["orientation"] == orientation and not b3:  # b3 expanded to ternary2
-            pk = self.model.tensors[f"{name}.packed"]
-            cols = p["rows"] if orientation == "transposed" else p["cols"]
-            flat = pk.reshape(-1, pk.shape[-1])
-            return aux.add(expand_b3_to_ternary2(np.ascontiguousarray(flat), cols)), s_addr
-        wt, _ = self.model.ternary(name)  # (..., rows, cols)
-        if orientation == "transposed":
-            wt = np.swapaxes(wt, -1, -2)
-        flat = np.ascontiguousarray(wt).reshape(-1, wt.shape[-1])
-        return aux.add((pack_ternary_b3 if b3 else pack_ternary2)(flat)), s_addr
+        flat = kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows")
+        return (self._file_addr(f"{name}.packed") if flat is None else aux.add(flat)), s_addr  # None: as stored
 
     def _dense(self, aux: AuxBuffer, name: str) -> tuple[int, int, int]:
         """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
@@ -285,6 +284,7 @@ class Engine:
         G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
         G[ops.G_ROUTER_KIND], G[ops.G_DT_KIND] = router_kind, DENSE_KINDS[cfg.dt_format]  # dt: ops.scan_channels
         G[ops.G_B3] = int(self._b3_direct)
+        G[ops.G_BLOCKED] = int(self.layout == "blocked16")
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
         routed = G.copy()  # ops.routed_globals: the routed experts' row
         routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
@@ -446,5 +446,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct,
+                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct, "layout": self.layout,
                 "stream_row_bytes": list(self.stream_row_bytes), "llc_bytes": self.llc_bytes, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

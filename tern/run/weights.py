@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tern.kernels.kernels_blocked import pack_blocked16
+from tern.kernels.packing import expand_b3_to_ternary2, pack_ternary2, pack_ternary_b3
+
 HUGE_PAGE = 2 * 2**20  # x86-64 transparent huge page
 _COPY_CHUNK = 64 * 2**20  # bytes copied per step (keeps the page cache readahead streaming)
 
@@ -37,20 +40,25 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def huge_page_copy(src: np.ndarray) -> np.ndarray:
-    """A read-only uint8 copy of ``src`` in an anonymous mapping advised for transparent
-    huge pages (``MADV_HUGEPAGE`` where the platform has it), starting on a 2 MiB boundary.
-    The mapping lives as long as the returned array (its base)."""
-    n = int(src.size)
-    mm = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+def huge_page_buffer(n: int) -> np.ndarray:
+    """A writable uint8 array of ``n`` bytes in an anonymous mapping advised for transparent
+    huge pages (``MADV_HUGEPAGE`` where the platform has it), starting on a 2 MiB boundary;
+    zero-filled, its pages resident only once written. The mapping lives as long as the array."""
+    mm = mmap.mmap(-1, int(n) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             mm.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # THP disabled or unsupported: plain pages, still a valid copy
+        except OSError:  # THP disabled or unsupported: plain pages, still a valid buffer
             pass
     whole = np.frombuffer(mm, np.uint8)  # keeps mm alive
     off = (-whole.ctypes.data) % HUGE_PAGE
-    out = whole[off:off + n]
+    return whole[off:off + int(n)]
+
+
+def huge_page_copy(src: np.ndarray) -> np.ndarray:
+    """A read-only uint8 copy of ``src`` in a :func:`huge_page_buffer`."""
+    n = int(src.size)
+    out = huge_page_buffer(n)
     flat = src.reshape(-1)
     for i in range(0, n, _COPY_CHUNK):
         out[i:i + _COPY_CHUNK] = flat[i:i + _COPY_CHUNK]
@@ -101,6 +109,44 @@ class AuxBuffer:
         return off * 2 + 1
 
     def build(self) -> np.ndarray:
-        out = np.concatenate(self.parts) if self.parts else np.zeros(64, np.uint8)
+        """The parts in one read-only buffer: on transparent huge pages from HUGE_PAGE bytes (the
+        engine's re-packed matrices are read every token, as the file's are), each part released
+        once copied (peak memory: the parts plus the largest one)."""
+        if not self.parts:
+            out = np.zeros(64, np.uint8)
+        elif self.size < HUGE_PAGE:
+            out = np.concatenate(self.parts)
+        else:
+            out, off = huge_page_buffer(self.size), 0
+            parts, self.parts = self.parts, []
+            while parts:
+                b = parts.pop(0)
+                out[off:off + b.size] = b
+                off += b.size
         out.flags.writeable = False  # same numba type as the read-only file buffer
         return out
+
+
+def kernel_matrix(model, name: str, orientation: str, b3: bool, blocked: bool) -> np.ndarray | None:
+    """A ternary BitLinear tensor of ``model`` (tern.packed.reader.PackedModel) in the layout the
+    engine's kernel reads: None when that is the file's own bytes, else the flat array to put in
+    aux: ternary2 rows in ``orientation`` (b3 expanded, or re-packed from the weights), base-3 rows
+    (``b3``), or ``blocked`` (tern.kernels.kernels_blocked: each matrix, one per expert, in its own
+    16-row blocks, tern.kernels.ops.mat_bytes apart)."""
+    p = model.packing[name]
+    if p["orientation"] == orientation and p["format"] == ("ternary_b3" if b3 else "ternary2") and not blocked:
+        return None
+    cols = p["rows"] if orientation == "transposed" else p["cols"]
+    if p["orientation"] == orientation and not b3:  # ternary2 as stored, or b3 expanded to it
+        pk = model.tensors[f"{name}.packed"]
+        flat = pk.reshape(-1, pk.shape[-1])
+        if p["format"] != "ternary2":
+            flat = expand_b3_to_ternary2(np.ascontiguousarray(flat), cols)
+    else:
+        wt, _ = model.ternary(name)  # (..., rows, cols)
+        if orientation == "transposed":
+            wt = np.swapaxes(wt, -1, -2)
+        flat = (pack_ternary_b3 if b3 else pack_ternary2)(np.ascontiguousarray(wt).reshape(-1, wt.shape[-1]))
+    if blocked:
+        flat = np.concatenate([pack_blocked16(m, cols) for m in flat.reshape(-1, p["rows"], flat.shape[-1])])
+    return flat

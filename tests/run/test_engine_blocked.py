@@ -1,0 +1,104 @@
+"""Engine(layout="blocked16"): row-oriented ternary matrices re-packed at load into 16-row blocks
+(tern.kernels.kernels_blocked) give logits bit-identical to the stored rows on every path (threads,
+one region and per-matrix, expert-parallel, activation skip on / off, unfused, all experts, b3 and
+transposed files, odd shapes); the option's errors; the re-packed matrices' buffer."""
+
+import numba
+import numpy as np
+import pytest
+from conftest import SMALL
+
+from tern.kernels import ops
+from tern.kernels.kernels_blocked import blocked16_bytes
+from tern.packed.writer import random_model
+from tern.run.engine import Engine
+from tern.run.weights import HUGE_PAGE, AuxBuffer, mapping_stats
+
+TWO = numba.config.NUMBA_NUM_THREADS >= 2
+
+
+def _logits(eng, tokens):
+    eng.reset()
+    return np.stack([eng.step(int(t)) for t in tokens])  # (T, V)
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+    return random_model(SMALL, tmp_path_factory.mktemp("blk") / "small.tern", seed=5, progress=False)
+
+
+VARIANTS = [dict(), dict(act_skip=False), dict(fused=False), dict(moe_skip=False), dict(act_skip=False, fused=False)]
+if TWO:
+    VARIANTS += [dict(threads=2), dict(threads=2, region=False, par_min_weights=0), dict(threads=2, region=False),
+                 dict(threads=2, act_skip=False, region=False, par_min_weights=0), dict(threads=2, act_skip=False)]
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+def test_blocked_layout_gives_the_stored_rows_logits(small_file, kw):
+    """SMALL has d_model 48 and 24 / 20 / 40 hidden units: rows and columns that are not multiples of 16."""
+    tokens = np.arange(16) * 7 % SMALL.vocab_size
+    ref = _logits(Engine(small_file, **kw), tokens)
+    eng = Engine(small_file, layout="blocked16", **kw)
+    assert eng.G[ops.G_BLOCKED] == 1 and eng.G[ops.N_GLOBALS + ops.G_BLOCKED] == 1
+    assert eng.describe()["layout"] == "blocked16"
+    assert np.array_equal(_logits(eng, tokens), ref)
+
+
+def test_wider_model_and_b3_file(tmp_path):
+    """Full 64-byte groups and 256-column segments (d_model 384, 4-row passes in the reference), and a file
+    of base-3 matrices (expanded, then blocked: b3 'auto' resolves to 'expand')."""
+    cfg = SMALL.replace(d_model=384, n_heads=4, expert_hidden=128, shared_hidden=64, mlp_hidden=256)
+    path = random_model(cfg, tmp_path / "wide.tern", seed=2, progress=False)
+    tokens = np.arange(10) * 5 % cfg.vocab_size
+    for kw in ([dict(), dict(threads=2)] if TWO else [dict()]):
+        assert np.array_equal(_logits(Engine(path, layout="blocked16", **kw), tokens), _logits(Engine(path, **kw), tokens))
+    b3 = SMALL.replace(mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3")
+    bpath = random_model(b3, tmp_path / "b3.tern", seed=3, progress=False)
+    eng = Engine(bpath, layout="blocked16")
+    assert eng.b3 == "expand" and not eng.describe()["b3_direct"]
+    assert np.array_equal(_logits(eng, tokens % b3.vocab_size), _logits(Engine(bpath, b3="expand"), tokens % b3.vocab_size))
+
+
+def test_every_row_matrix_is_re_packed_once(small_file):
+    """aux grows by the blocked bytes of every row-oriented ternary matrix (experts one by one), no more."""
+    rows = Engine(small_file, act_skip=True)
+    blk = Engine(small_file, act_skip=True, layout="blocked16")
+    c = SMALL
+    want = 0
+    for i in range(c.n_layers):
+        if c.mixer(i) == "ssm":
+            mats = [(2 * c.d_inner, c.d_model), (c.dt_rank_eff + 2 * c.d_state, c.d_inner), (c.d_model, c.d_inner)]
+        else:
+            mats = [(3 * c.d_model, c.d_model), (c.d_model, c.d_model)]
+        if c.is_moe(i):
+            mats += [(c.shared_hidden, c.d_model)] * 2 * c.n_shared + [(c.expert_hidden, c.d_model)] * 2 * c.n_experts
+        elif c.mlp_hidden:
+            mats += [(c.mlp_hidden, c.d_model)] * 2
+        want += sum(blocked16_bytes(r, k) for r, k in mats)
+    grown = blk.aux.size - rows.aux.size
+    assert want <= grown < want + 64 * 40  # each tensor padded to 64 bytes in aux
+
+
+def test_layout_errors(small_file):
+    with pytest.raises(ValueError, match="layout must be one of"):
+        Engine(small_file, layout="cols")
+    with pytest.raises(ValueError, match="needs the ternary kernel"):
+        Engine(small_file, layout="blocked16", kernel="fp32")
+    with pytest.raises(ValueError, match="b3='expand'"):
+        Engine(small_file, layout="blocked16", b3="direct")
+
+
+def test_aux_buffer_is_on_huge_pages_when_large():
+    aux = AuxBuffer()
+    a = np.arange(3 * HUGE_PAGE // 4, dtype=np.int32)  # 3 x HUGE_PAGE bytes
+    addr_a = aux.add(a)
+    addr_b = aux.add(np.arange(10, dtype=np.uint8))
+    out = aux.build()
+    assert not out.flags.writeable and out.ctypes.data % HUGE_PAGE == 0
+    assert np.array_equal(out[addr_a // 2:addr_a // 2 + a.nbytes].view(np.int32), a)
+    assert np.array_equal(out[addr_b // 2:addr_b // 2 + 10], np.arange(10, dtype=np.uint8))
+    assert aux.parts == []  # released as copied
+    assert "rss_bytes" in mapping_stats(out) or not mapping_stats(out)
+    small = AuxBuffer()
+    small.add(np.ones(5, np.float32))
+    assert small.build().size == 64
