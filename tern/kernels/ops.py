@@ -23,7 +23,7 @@ import numpy as np
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
-from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec, blocked16_matvec_par
+from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec_next, blocked16_matvec_par
 from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
     DENSE_FP16,
@@ -308,13 +308,15 @@ def bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, nxt
         else:
             b3_matvec_xp(P, f32(buf, aux, s_addr, rows), xp, xs, out[:rows])
         return
+    n = nxt_bytes if CHAIN_PREFETCH and nxt_addr >= 0 else 0
+    nxt = u8(buf, aux, max(nxt_addr, 0), n).reshape(1, n)  # the one-thread passes prefetch on into it
     if G[G_BLOCKED]:  # 16-row blocks, one stream each (kernels_blocked); same sums
         nb, bb = blocked16_dims(rows, cols)
         P = u8(buf, aux, w_addr, nb * bb).reshape(nb, bb)
         if par(G, rows * cols):
             blocked16_matvec_par(P, f32(buf, aux, s_addr, rows), xq[:cols], xs, out[:rows])
         else:
-            blocked16_matvec(P, f32(buf, aux, s_addr, rows), xq[:cols], xs, out[:rows])
+            blocked16_matvec_next(P, f32(buf, aux, s_addr, rows), xq[:cols], xs, out[:rows], True, nxt)
         return
     rb = (cols + 3) // 4
     P = u8(buf, aux, w_addr, rows * rb).reshape(rows, rb)
@@ -326,8 +328,6 @@ def bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, nxt
         else:
             ternary_matvec_par(P, S, xq[:cols], xs, out[:rows])
     else:
-        n = nxt_bytes if CHAIN_PREFETCH and nxt_addr >= 0 else 0
-        nxt = u8(buf, aux, max(nxt_addr, 0), n).reshape(1, n)
         ternary_matvec_next(P, S, xq[:cols], xs, out[:rows], stream, G[G_STREAM_PF] != 0 if stream else ROW_PREFETCH, nxt)
 
 

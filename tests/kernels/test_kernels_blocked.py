@@ -65,21 +65,28 @@ def test_blocked_kernels_equal_the_ternary2_kernel_bit_for_bit(rows, cols):
         got = np.full(rows, np.nan, np.float32)
         fn(bl, rs, xq, xs, got)
         assert np.array_equal(got, want), fn
+    for prefetch in (True, False):
+        got = np.full(rows, np.nan, np.float32)
+        B.blocked16_matvec_next(bl, rs, xq, xs, got, prefetch, bl)
+        assert np.array_equal(got, want), prefetch
     assert np.array_equal(B.blocked16_matvec_checked(bl, rs, xq, xs, threads=2), want)
 
 
 @pytest.mark.skipif(simd.ROW_DOT_ISA == "none", reason="no SIMD row dot on this CPU")
 @pytest.mark.parametrize("isa", _isas())
-def test_every_simd_form_of_the_block_pass_is_exact(isa):
-    """The AVX2 (two 8-row halves), AVX-512BW and VNNI forms this CPU can run, on odd shapes: rows and
-    columns past the matrix are masked (no output written past ``out``: sentinels stay)."""
-    block_pass = B._make_block_pass(isa)
+@pytest.mark.parametrize("ahead", [0, 8192])
+def test_every_simd_form_of_the_block_pass_is_exact(isa, ahead):
+    """The AVX2 (two 8-row halves), AVX-512BW and VNNI forms this CPU can run, with and without the
+    prefetch that runs on into the next matrix, on odd shapes: rows and columns past the matrix are
+    masked (no output written past ``out``: sentinels stay)."""
+    block_pass = B._make_block_pass(isa, ahead)
+    nxt = np.zeros((3, 100), np.uint8)
 
     @numba.njit
     def run(packed, rs, xq, xs, out):
         q = act_sum(xq)
         for b in range(packed.shape[0]):
-            block_pass(packed, b, xq, q, rs, xs, out)
+            block_pass(packed, b, xq, q, rs, xs, out, nxt)
 
     for rows, cols in SHAPES:
         wt, rs, xq, xs = _problem(rows, cols, rows + 7 * cols)
