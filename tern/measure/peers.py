@@ -39,7 +39,7 @@ from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
-from tern.measure.peers_table import PER_MATRIX_ENGINE
+from tern.measure.peers_table import BLOCKED_ENGINE, PER_MATRIX_ENGINE
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
@@ -290,12 +290,13 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
               read_now: ReadNow | None = read_reference, per_matrix: bool = False,
-              round_trip_now: RoundTripNow | None = round_trip_ns) -> dict[str, Any]:
+              round_trip_now: RoundTripNow | None = round_trip_ns, blocked: bool = False) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
     tern rows run the engine's default (one parallel region per token at threads > 1);
     ``per_matrix``: at threads > 1 also a parallel region per large matrix
-    (Engine(region=False): engine ``tern-per-matrix``).
+    (Engine(region=False): engine ``tern-per-matrix``); ``blocked``: also Engine(layout="blocked16")
+    (engine ``tern-blocked16``).
     ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
     before each engine's run: the rows' ``bandwidth_fraction_same_run``; at threads > 1
     ``round_trip_now()`` (None: skipped) the threads' round trip: ``core_round_trip_ns``."""
@@ -333,13 +334,14 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
                              {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
-            if per_matrix and t > 1:
-                _log(progress, f"peers {shape.name}: tern (a parallel region per matrix), {t} thread(s)")
+            for engine, kw in (((PER_MATRIX_ENGINE, dict(region=False)),) if per_matrix and t > 1 else ()) + (
+                    ((BLOCKED_ENGINE, dict(layout="blocked16")),) if blocked else ()):
+                _log(progress, f"peers {shape.name}: {engine}, {t} thread(s)")
                 ref = read_now(counts["working_set_bytes"], t) if read_now else None
                 where = trip(t)
                 m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens,
-                                                                  repeats, warmup, region=False))
-                rows.append(_row(shape, PER_MATRIX_ENGINE, tern_path, t, m, counts, host,
+                                                                  repeats, warmup, **kw))
+                rows.append(_row(shape, engine, tern_path, t, m, counts, host,
                                  {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
                 append_jsonl(records, rows[-1])
             if gguf is None:
@@ -392,6 +394,9 @@ def cli_configure_peers(p: Any) -> None:
                    help="at threads > 1 also time tern with a parallel region per large matrix "
                         "(Engine(region=False)) beside its default one region per token: rows of engine "
                         "tern-per-matrix")
+    p.add_argument("--blocked", action="store_true",
+                   help="also time tern with its ternary matrices re-packed into 16-row blocks "
+                        "(Engine(layout='blocked16')): rows of engine tern-blocked16")
     p.add_argument("--no-read-reference", action="store_true",
                    help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
@@ -415,7 +420,7 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
     res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
                     warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
                     host=host, read_now=None if args.no_read_reference else read_reference,
-                    per_matrix=args.per_matrix)
+                    per_matrix=args.per_matrix, blocked=args.blocked)
     if args.no_llama:
         res["note"] = "llama.cpp not measured (--no-llama)"
     return res

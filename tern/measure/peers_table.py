@@ -11,7 +11,9 @@ from tern.probe.placement import FAR_NS, far_apart
 REGION_ENGINE = "tern-region"
 # rows of the per-matrix step beside the default "tern" rows (tern.measure.peers.run_peers(per_matrix=True))
 PER_MATRIX_ENGINE = "tern-per-matrix"
-_EXTRA = {REGION_ENGINE: "tern_region", PER_MATRIX_ENGINE: "tern_pm"}  # engine -> table key
+# rows of Engine(layout="blocked16") beside the default "tern" rows (run_peers(blocked=True))
+BLOCKED_ENGINE = "tern-blocked16"
+_EXTRA = {REGION_ENGINE: "tern_region", PER_MATRIX_ENGINE: "tern_pm", BLOCKED_ENGINE: "tern_blk"}  # engine -> key
 BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
 
 
@@ -31,7 +33,8 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
     each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
     read bandwidth, and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
-    and region / tern; with ``tern-per-matrix`` rows per-matrix / tern)."""
+    and region / tern; with ``tern-per-matrix`` rows per-matrix / tern; with ``tern-blocked16`` rows
+    blocked / llama.cpp and blocked / tern)."""
     out: dict[str, dict[str, Any]] = {}
     for r in latest_rows(rows):
         e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
@@ -51,8 +54,11 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 cell["region_over_llama"] = cell["tern_region"]["tok_per_s"] / cell["llama"]["tok_per_s"]
             if "tern_region" in cell and "tern" in cell:
                 cell["region_over_tern"] = cell["tern_region"]["tok_per_s"] / cell["tern"]["tok_per_s"]
-            if "tern_pm" in cell and "tern" in cell:
-                cell["pm_over_tern"] = cell["tern_pm"]["tok_per_s"] / cell["tern"]["tok_per_s"]
+            for key, name in (("tern_pm", "pm"), ("tern_blk", "blk")):  # over the default tern rows
+                if key in cell and "tern" in cell:
+                    cell[f"{name}_over_tern"] = cell[key]["tok_per_s"] / cell["tern"]["tok_per_s"]
+            if "tern_blk" in cell and "llama" in cell:
+                cell["blk_over_llama"] = cell["tern_blk"]["tok_per_s"] / cell["llama"]["tok_per_s"]
     return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
 
 
@@ -72,6 +78,8 @@ _TEXT_TABLES = (
 _REGION_COLS = (("region", "tern_region", "tok_per_s", 8, ".1f"), ("/llama", None, "region_over_llama", 6, ".2f"),
                 ("/tern", None, "region_over_tern", 5, ".2f"))
 _PM_COLS = (("per-matrix", "tern_pm", "tok_per_s", 10, ".1f"), ("/tern", None, "pm_over_tern", 5, ".2f"))
+_BLK_COLS = (("blocked16", "tern_blk", "tok_per_s", 9, ".1f"), ("/llama", None, "blk_over_llama", 6, ".2f"),
+             ("/tern", None, "blk_over_tern", 5, ".2f"))
 
 
 def render_peers(result: dict[str, Any]) -> str:
@@ -81,9 +89,11 @@ def render_peers(result: dict[str, Any]) -> str:
     threads = sorted({t for e in table for t in e["by_threads"]})
     has_region = any("tern_region" in c for e in table for c in e["by_threads"].values())
     has_pm = any("tern_pm" in c for e in table for c in e["by_threads"].values())
+    has_blk = any("tern_blk" in c for e in table for c in e["by_threads"].values())
     lines = []
     for i, (title, cols) in enumerate(_TEXT_TABLES):
-        cols = cols + (_REGION_COLS if has_region else ()) + (_PM_COLS if has_pm else ()) if i == 0 else cols
+        extra = (_REGION_COLS if has_region else ()) + (_PM_COLS if has_pm else ()) + (_BLK_COLS if has_blk else ())
+        cols = cols + extra if i == 0 else cols
         head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
         head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)
         lines += [title, head]

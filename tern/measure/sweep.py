@@ -6,10 +6,9 @@ Families
   tok/s falls while the working set leaves the cache, then follows only the router bytes).
 - ``fixed_total``: one expert pool, active grown through top-k.
 
-Each point runs in a fresh subprocess (``python -m tern.measure.sweep_worker``) so its peak RSS is
-its own; models are cached by config hash under ``models_dir``. Rows are appended to a
-JSONL file as each point finishes, so an interrupted sweep resumes and a larger sweep
-reuses every finished point (same key = same config, threads, tokens and repeats).
+Each point runs in a fresh subprocess (``python -m tern.measure.sweep_worker``) so its peak RSS is its own;
+models are cached by config hash under ``models_dir``. Rows are appended to a JSONL file as each point finishes,
+so an interrupted sweep resumes and a larger sweep reuses every finished point (same key: config, threads, ...).
 """
 
 from __future__ import annotations
@@ -42,15 +41,13 @@ MEASURE_VERSION = 3  # 3: streaming kernel for long DRAM rows, unmasked 128-colu
 
 JSON_FIELDS = """\
   records: path of the JSONL file; host: host profile label
-  points: [{key, family, budget, name, threads, total_params, active_params, total_bytes,
-            active_bytes, file_bytes, tok_per_s (median), tok_per_s_min, tok_per_s_max,
-            repeats, tokens, peak_rss_bytes, predicted_tok_per_s, ratio (measured/predicted),
-            predicted_bound, predicted_model (op-cost | roofline), predicted_compute_s,
-            predicted_stall_s, predicted_overhead_s (seconds per token), read_same_run
-            {gbps_median, ...} and host_read_ratio (the read rate timed before the point over
-            the profile's at its total bytes), kernel_same_run {seconds_per_call, ...} and
-            host_kernel_ratio (the 4-row ternary pass's speed then over the profile's),
-            core_round_trip_ns (threads > 1: the threads' round trip then, ns), reused (bool)}]
+  points: [{key, family, budget, name, threads, total_params, active_params, total_bytes, active_bytes,
+            file_bytes, tok_per_s (median), tok_per_s_min, tok_per_s_max, repeats, tokens, peak_rss_bytes,
+            predicted_tok_per_s, ratio (measured/predicted), predicted_bound, predicted_model (op-cost | roofline),
+            predicted_compute_s, predicted_stall_s, predicted_overhead_s (seconds per token), read_same_run
+            {gbps_median, ...} and host_read_ratio (the read rate timed before the point over the profile's at its
+            total bytes), kernel_same_run {seconds_per_call, ...} and host_kernel_ratio (the 4-row ternary pass's
+            speed then over the profile's), core_round_trip_ns (threads > 1: the threads' round trip), reused}]
   accuracy: {n, median_ratio, worst_ratio, within_25pct (fraction)}"""
 
 
@@ -123,6 +120,7 @@ class SweepPoint:
     warmup: int = 16
     min_time_s: float = 0.0  # each sample repeats its run of ``tokens`` until it timed this long
     region: bool = True  # the engine's one-region step (its default; False: Engine(region=False)); threads > 1
+    layout: str = "rows"  # Engine(layout=...): ternary rows as stored, or "blocked16" (tern.kernels.kernels_blocked)
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
@@ -130,8 +128,8 @@ class SweepPoint:
                              f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
         if not (isinstance(self.min_time_s, (int, float)) and 0 <= self.min_time_s <= 60):
             raise ValueError(f"sweep point min_time_s must be seconds in [0, 60], got {self.min_time_s!r}")
-        if not isinstance(self.region, bool):
-            raise ValueError(f"sweep point region must be True or False, got {self.region!r}")
+        if not isinstance(self.region, bool) or self.layout not in ("rows", "blocked16"):
+            raise ValueError(f"sweep point region must be a bool, layout rows / blocked16: {self.region!r}, {self.layout!r}")
 
     @property
     def key(self) -> str:
@@ -141,6 +139,7 @@ class SweepPoint:
             spec["min_time_s"] = float(self.min_time_s)
         if self.region and self.threads > 1:  # likewise (one thread runs the plain step either way)
             spec["region"] = True
+        spec.update({"layout": self.layout} if self.layout != "rows" else {})  # likewise
         blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -193,7 +192,8 @@ def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800
     (benchmarks/code_ab.py: another checkout's ``tern`` and numba cache); returns its JSON."""
     cmd = [sys.executable, "-m", "tern.measure.sweep_worker", str(path), "--threads", str(point.threads),
            "--tokens", str(point.tokens), "--repeats", str(point.repeats), "--warmup", str(point.warmup),
-           "--min-time-s", repr(float(point.min_time_s)), "--region" if point.region else "--no-region"]
+           "--min-time-s", repr(float(point.min_time_s)), "--region" if point.region else "--no-region",
+           "--layout", point.layout]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"sweep worker failed for {path.name} ({point.threads} threads):\n{r.stderr[-2000:]}")

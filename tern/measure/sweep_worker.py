@@ -70,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", action=argparse.BooleanOptionalAction, default=None,
                     help="the engine's one-region token step at threads > 1 (default: the engine's "
                          "default, on); --no-region: a parallel region per large matrix")
+    ap.add_argument("--layout", choices=("rows", "blocked16"), default="rows", help="Engine(layout=...)")
     args = ap.parse_args(argv)
     from tern.run.engine import Engine
 
     t0 = time.perf_counter()
     try:
-        eng = Engine(args.model, threads=args.threads, region="auto" if args.region is None else args.region)
+        eng = Engine(args.model, threads=args.threads, region="auto" if args.region is None else args.region,
+                     layout=args.layout)
     except ValueError as e:
         print(f"sweep worker: {e}", file=sys.stderr)
         return 2

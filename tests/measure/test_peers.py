@@ -324,3 +324,29 @@ def test_llama_bench_runs_without_the_openmp_spin_tern_set(tmp_path, monkeypatch
     monkeypatch.setattr(tern, "USER_GOMP_SPINCOUNT", "777")
     out = run_llama_bench(exe, model, 1, 4, 2)
     assert out["cpu_info"] == "777" and out["gomp_spincount"] == "777"
+
+
+def test_blocked_rows_beside_tern_and_llama(tmp_path, fake_llama):
+    """blocked=True (--blocked): at every thread count a tern-blocked16 row measured with
+    Engine(layout="blocked16") (the point says so, and its key differs); the table and text add
+    blocked / llama.cpp and blocked / tern."""
+    from tern.measure.sweep import SweepPoint
+
+    exe, _ = fake_llama
+    seen = []
+
+    def fake(path, point):
+        seen.append((point.threads, point.layout))
+        return {**fake_tern(path, point), "tok_per_s": 330.0 if point.layout == "blocked16" else 300.0}
+
+    res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=8, repeats=3, warmup=0, llama_bench=exe,
+                    measure_tern=fake, progress=False, read_now=None, blocked=True)
+    assert seen == [(1, "rows"), (1, "blocked16"), (2, "rows"), (2, "blocked16")]
+    assert [r["engine"] for r in res["rows"]] == ["tern", "tern-blocked16", "llama.cpp"] * 2
+    cell = peers_table(res["rows"])[0]["by_threads"][1]
+    assert cell["blk_over_tern"] == pytest.approx(1.1) and cell["blk_over_llama"] == pytest.approx(330 / 110)
+    assert " blocked16 " in render_peers(res).splitlines()[1]
+    a = SweepPoint("peers", "x", TINY.cfg, 1)
+    assert a.key != SweepPoint("peers", "x", TINY.cfg, 1, layout="blocked16").key
+    with pytest.raises(ValueError, match="layout rows / blocked16"):
+        SweepPoint("peers", "x", TINY.cfg, 1, layout="cols")

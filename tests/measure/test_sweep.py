@@ -316,6 +316,9 @@ def test_worker_runs_the_region_engine(tmp_path):
                                                    region=region))
         assert m["engine"]["region"] is region and m["tok_per_s"] > 0
         assert EnginePolicy.of_record(m).region is region  # what the sweep row records and prices
+    m = measure_in_subprocess(path, SweepPoint("fixed_active", "t", TINY, 1, tokens=4, repeats=1, warmup=1,
+                                               layout="blocked16"))
+    assert m["engine"]["layout"] == "blocked16" and m["tok_per_s"] > 0  # --layout reaches the worker's Engine
 
 
 def test_full_sweep_points_time_every_sample_long_enough():
