@@ -77,16 +77,18 @@ def _column_maps(cols: int) -> tuple[np.ndarray, ...]:
     return src_byte, src_shift, t * VECTOR_BYTES + rest % 4, 2 * (rest // 4)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, parallel=True)
 def _repack(packed, src_byte, src_shift, dst_byte, dst_shift, out):
-    """out (blocks, bytes per block) <- packed (rows, row bytes) ternary2, code by code; out is zeroed
-    first (padding: code 0). Any 2-bit code moves as it is (a file's code 3 gives the same sums either way)."""
-    out[:] = 0
-    for r in range(packed.shape[0]):
-        b, lane = r // BLOCK_ROWS, 4 * (r % BLOCK_ROWS)
-        for c in range(src_byte.shape[0]):
-            code = (packed[r, src_byte[c]] >> src_shift[c]) & 3
-            out[b, dst_byte[c] + lane] |= np.uint8(code << dst_shift[c])
+    """out (blocks, bytes per block) <- packed (rows, row bytes) ternary2, code by code, the blocks over numba's
+    threads; padding is code 0. Any 2-bit code moves as it is (a file's code 3 gives the same sums either way)."""
+    rows = packed.shape[0]
+    for b in prange(out.shape[0]):
+        out[b, :] = 0
+        for r in range(b * BLOCK_ROWS, min(rows, (b + 1) * BLOCK_ROWS)):
+            lane = 4 * (r % BLOCK_ROWS)
+            for c in range(src_byte.shape[0]):
+                code = (packed[r, src_byte[c]] >> src_shift[c]) & 3
+                out[b, dst_byte[c] + lane] |= np.uint8(code << dst_shift[c])
 
 
 def pack_blocked16(packed: np.ndarray, cols: int) -> np.ndarray:

@@ -346,6 +346,10 @@ def test_blocked_rows_beside_tern_and_llama(tmp_path, fake_llama):
     cell = peers_table(res["rows"])[0]["by_threads"][1]
     assert cell["blk_over_tern"] == pytest.approx(1.1) and cell["blk_over_llama"] == pytest.approx(330 / 110)
     assert " blocked16 " in render_peers(res).splitlines()[1]
+    from tern.measure.plots_peers import plot_peers
+
+    labels = {ln.get_label() for ln in plot_peers(res["rows"]).axes[0].get_lines()}
+    assert "tern-blocked16, 1 thread" in labels  # the figure draws them too
     a = SweepPoint("peers", "x", TINY.cfg, 1)
     assert a.key != SweepPoint("peers", "x", TINY.cfg, 1, layout="blocked16").key
     with pytest.raises(ValueError, match="layout rows / blocked16"):
