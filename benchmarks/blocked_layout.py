@@ -89,9 +89,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                         _run(a, rows_mats, blk_mats, order, scale, xq, outs[a])
                         calls += 1
                     gbps[a].append(rows_mats.nbytes * calls / dt / 1e9)
-                t0 = time.perf_counter()
-                read_kernel(flat, 1)
-                read.append(flat.nbytes / (time.perf_counter() - t0) / 1e9)
+                calls, t0 = 0, time.perf_counter()
+                while (dt := time.perf_counter() - t0) < args.min_time_s or calls == 0:
+                    read_kernel(flat, 1)
+                    calls += 1
+                read.append(flat.nbytes * calls / dt / 1e9)
             for a, v in gbps.items():
                 row = {**run_metadata(1), "bench": "blocked_layout", "arm": a, "rows": rows, "cols": cols,
                        "row_bytes": one.shape[1], "matrices": k, "where": where, "working_set_bytes": int(rows_mats.nbytes),

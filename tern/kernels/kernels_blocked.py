@@ -65,10 +65,10 @@ def blocked16_bytes(rows: int, cols: int) -> int:
     return nb * bb
 
 
-def _column_maps(cols: int) -> tuple[np.ndarray, ...]:
-    """Per column c: its ternary2 byte and shift (tern.kernels.packing: segment s of G bytes stores column
-    s + G k + j at byte j, bits 2k) and its blocked16 byte (16 t + 4 k + i -> byte 64 t + i of lane 0) and shift."""
-    c = np.arange(cols, dtype=np.int64)
+def _column_maps(cols: int, first: int = 0) -> tuple[np.ndarray, ...]:
+    """Per column c >= ``first``: its ternary2 byte and shift (tern.kernels.packing: segment s of G bytes stores
+    column s + G k + j at byte j, bits 2k) and its blocked16 byte (16 t + 4 k + i -> byte 64 t + i of lane 0) and shift."""
+    c = np.arange(first, cols, dtype=np.int64)
     seg0 = c // SEGMENT_COLS * SEGMENT_COLS
     g = (np.minimum(SEGMENT_COLS, cols - seg0) + 3) // 4  # bytes of c's segment
     src_byte = seg0 // 4 + (c - seg0) % g
@@ -78,14 +78,25 @@ def _column_maps(cols: int) -> tuple[np.ndarray, ...]:
 
 
 @numba.njit(cache=True, parallel=True)
-def _repack(packed, src_byte, src_shift, dst_byte, dst_shift, out):
-    """out (blocks, bytes per block) <- packed (rows, row bytes) ternary2, code by code, the blocks over numba's
-    threads; padding is code 0. Any 2-bit code moves as it is (a file's code 3 gives the same sums either way)."""
+def _repack(packed, nfull, src_byte, src_shift, dst_byte, dst_shift, out):
+    """out (blocks, bytes per block) <- packed (rows, row bytes) ternary2, the blocks over numba's threads;
+    padding is code 0. The ``nfull`` complete 256-column segments move a byte at a time: byte i of row r's
+    dword in group t (= 16 s + u) holds columns 16 t + 4 k + i, which a full segment stores at its bytes
+    (16 u + i) % 64 + 4 k, all in bits 2 (u // 4); the columns after them move a code at a time through
+    the maps of :func:`_column_maps`. Any 2-bit code moves as it is (a file's code 3 sums alike either way)."""
     rows = packed.shape[0]
     for b in prange(out.shape[0]):
         out[b, :] = 0
         for r in range(b * BLOCK_ROWS, min(rows, (b + 1) * BLOCK_ROWS)):
             lane = 4 * (r % BLOCK_ROWS)
+            for s in range(nfull):
+                for u in range(16):
+                    sh = 2 * (u // 4)
+                    for i in range(4):
+                        j = 64 * s + (16 * u + i) % 64
+                        v = (((packed[r, j] >> sh) & 3) | (((packed[r, j + 4] >> sh) & 3) << 2)
+                             | (((packed[r, j + 8] >> sh) & 3) << 4) | (((packed[r, j + 12] >> sh) & 3) << 6))
+                        out[b, VECTOR_BYTES * (16 * s + u) + lane + i] = v
             for c in range(src_byte.shape[0]):
                 code = (packed[r, src_byte[c]] >> src_shift[c]) & 3
                 out[b, dst_byte[c] + lane] |= np.uint8(code << dst_shift[c])
@@ -99,7 +110,8 @@ def pack_blocked16(packed: np.ndarray, cols: int) -> np.ndarray:
     if packed.shape[1] != ternary2_row_bytes(cols):
         raise ValueError(f"packed rows hold {packed.shape[1]} bytes; {cols} columns need {ternary2_row_bytes(cols)}")
     out = np.empty(blocked16_shape(packed.shape[0], cols), np.uint8)
-    _repack(np.ascontiguousarray(packed), *_column_maps(cols), out)
+    nfull = cols // SEGMENT_COLS
+    _repack(np.ascontiguousarray(packed), nfull, *_column_maps(cols, nfull * SEGMENT_COLS), out)
     return out
 
 
