@@ -20,7 +20,10 @@ past ``out``. Same exact int32 sums as every ternary2 kernel, so the outputs are
 
 Bytes: ``blocked16_bytes(rows, cols) = ceil(rows / 16) * ceil(cols / 16) * 64``: the ternary2
 size when rows and cols are multiples of 16. Built at load by :func:`pack_blocked16` from the
-ternary2 bytes, code by code in numba (tern.run.engine ``layout="blocked16"``).
+ternary2 bytes in numba, a byte at a time over whole segments (tern.run.engine ``layout="blocked16"``).
+Rows of up to BLOCKED_MAX_COLS inputs (a quarter of the ternary2 kernels' limit: the int32 lanes
+take 4 times the products). The one-thread pass prefetches the first bytes of the matrix read next
+(``nxt``). Measured against the row passes: benchmarks/blocked_layout.py, benchmarks/README.md.
 
 Kernels: the SIMD pass (AVX-512 VNNI ``vpdpbusd``; AVX-512BW / AVX2 ``vpmaddubsw`` + ``vpmaddwd``)
 and a plain-numba pass (any CPU; also the reference the tests compare the SIMD pass with).
@@ -36,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_ternary import MAX_COLS, NO_NEXT, act_sum, check_kernel_arrays
+from tern.kernels.kernels_ternary import NO_NEXT, act_sum, check_kernel_arrays
 from tern.kernels.packing import SEGMENT_COLS, pack_ternary2, ternary2_row_bytes
 from tern.kernels.prefetch import PREFETCH_LEVELS, PREFETCH_MIN_BYTES, emit_prefetch
 from tern.kernels.simd import _I8, _I32, _I64, ROW_DOT_ISA, _dot_step, _fn, _load_vec, _masked_load, _splat
@@ -44,6 +47,9 @@ from tern.kernels.simd import _I8, _I32, _I64, ROW_DOT_ISA, _dot_step, _fn, _loa
 BLOCK_ROWS = 16  # rows per block (int32 lanes of one 512-bit accumulator)
 GROUP_COLS = 16  # columns per 64-byte vector of a block (4 per byte, 4 bytes per row)
 VECTOR_BYTES = BLOCK_ROWS * GROUP_COLS // 4  # 64
+# Inputs per row with exact int32 sums: group k's two accumulators of a lane add 4 products of code x 4**k <= 128
+# and |x| <= 127 per 16 columns, before their shift back (a quarter of kernels_ternary.MAX_COLS): 528,416
+BLOCKED_MAX_COLS = GROUP_COLS * ((2**31 - 1) // (4 * 128 * 127))
 
 
 @numba.njit(cache=True, inline="always")
@@ -109,6 +115,9 @@ def pack_blocked16(packed: np.ndarray, cols: int) -> np.ndarray:
                          f"with shape {getattr(packed, 'shape', None)}")
     if packed.shape[1] != ternary2_row_bytes(cols):
         raise ValueError(f"packed rows hold {packed.shape[1]} bytes; {cols} columns need {ternary2_row_bytes(cols)}")
+    if cols > BLOCKED_MAX_COLS:
+        raise ValueError(f"{cols} columns exceed BLOCKED_MAX_COLS = {BLOCKED_MAX_COLS}: the blocked16 pass's int32 "
+                         f"sums could overflow (use the rows layout)")
     out = np.empty(blocked16_shape(packed.shape[0], cols), np.uint8)
     nfull = cols // SEGMENT_COLS
     _repack(np.ascontiguousarray(packed), nfull, *_column_maps(cols, nfull * SEGMENT_COLS), out)
@@ -346,8 +355,8 @@ def check_blocked_args(packed, row_scale, xq, x_scale, out) -> None:
         raise ValueError("row_scale and x_scale must be finite")
     if xq.min() < -127:
         raise ValueError("xq holds -128; quantize_act produces values in [-127, 127]")
-    if cols > MAX_COLS:
-        raise ValueError(f"{cols} inputs exceed MAX_COLS = {MAX_COLS} (int32 sums could overflow)")
+    if cols > BLOCKED_MAX_COLS:
+        raise ValueError(f"{cols} inputs exceed BLOCKED_MAX_COLS = {BLOCKED_MAX_COLS} (int32 sums could overflow)")
 
 
 def blocked16_matvec_checked(packed: np.ndarray, row_scale: np.ndarray, xq: np.ndarray, x_scale,

@@ -127,3 +127,20 @@ def test_bad_input_is_refused_with_a_clear_error():
         B.pack_blocked16(pack_ternary2(wt), 41)
     with pytest.raises(ValueError, match="2-D uint8"):
         B.pack_blocked16(wt, 40)
+    wide = B.BLOCKED_MAX_COLS + 1  # past it an int32 lane could overflow: refused, never wrong numbers
+    with pytest.raises(ValueError, match="exceed BLOCKED_MAX_COLS"):
+        B.blocked16_matvec_checked(np.zeros(B.blocked16_shape(1, wide), np.uint8), np.ones(1, np.float32),
+                                   np.zeros(wide, np.int8), 1.0)
+    with pytest.raises(ValueError, match="exceed BLOCKED_MAX_COLS"):
+        B.pack_blocked16(np.zeros((1, (wide + 3) // 4), np.uint8), wide)
+
+
+def test_exact_at_the_column_limit():
+    """BLOCKED_MAX_COLS columns of +1 weights against 127: the top group's lanes reach 4064 x cols, within 1,023 of
+    int32's largest value before their shift back, and the sums stay exact (the AVX-512BW / AVX2 forms' int16
+    pair sums are covered by test_extreme_activations_stay_exact)."""
+    cols = B.BLOCKED_MAX_COLS
+    assert 64 * 2 * 127 * (cols // 4) <= 2**31 - 1 < 64 * 2 * 127 * ((cols + 16) // 4)
+    bl = B.blocked16_from_ternary(np.ones((16, cols), np.int8))
+    got = B.blocked16_matvec_checked(bl, np.ones(16, np.float32), np.full(cols, 127, np.int8), 1.0)
+    assert np.all(got == np.float32(127 * cols))
