@@ -42,7 +42,20 @@ from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_ternary import NO_NEXT, act_sum, check_kernel_arrays
 from tern.kernels.packing import SEGMENT_COLS, pack_ternary2, ternary2_row_bytes
 from tern.kernels.prefetch import PREFETCH_LEVELS, PREFETCH_MIN_BYTES, emit_prefetch
-from tern.kernels.simd import _I8, _I32, _I64, ROW_DOT_ISA, _dot_step, _fn, _load_vec, _masked_load, _splat
+from tern.kernels.simd import (
+    _I8,
+    _I32,
+    _I64,
+    ROW_DOT_ISA,
+    _broadcast,
+    _clamp64,
+    _dot_step,
+    _fn,
+    _lanes_below,
+    _load_vec,
+    _masked_load,
+    _splat,
+)
 
 BLOCK_ROWS = 16  # rows per block (int32 lanes of one 512-bit accumulator)
 GROUP_COLS = 16  # columns per 64-byte vector of a block (4 per byte, 4 bytes per row)
@@ -59,10 +72,10 @@ def blocked16_dims(rows, cols):
 
 
 def blocked16_shape(rows: int, cols: int) -> tuple[int, int]:
-    """(blocks, bytes per block) of a (rows, cols) matrix in the blocked16 layout."""
+    """(blocks, bytes per block) of a (rows, cols) matrix in the blocked16 layout (:func:`blocked16_dims`, checked)."""
     if rows < 1 or cols < 1:
         raise ValueError(f"a blocked16 matrix needs rows, cols >= 1, got ({rows}, {cols})")
-    return -(-rows // BLOCK_ROWS), -(-cols // GROUP_COLS) * VECTOR_BYTES
+    return blocked16_dims(int(rows), int(cols))
 
 
 def blocked16_bytes(rows: int, cols: int) -> int:
@@ -134,14 +147,6 @@ def blocked16_from_ternary(wt: np.ndarray) -> np.ndarray:
 _F32 = ir.FloatType()
 
 
-def _lane_mask(builder, n, nvalid):
-    lanes = ir.Constant(ir.VectorType(_I32, n), list(range(n)))
-    v = builder.insert_element(ir.Constant(ir.VectorType(_I32, n), None), builder.trunc(nvalid, _I32),
-                               ir.Constant(_I32, 0))
-    v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), [0] * n))
-    return builder.icmp_unsigned("<", lanes, v)
-
-
 def _masked_f32(builder, ptr, n, mask, store=None):
     vty = ir.VectorType(_F32, n)
     vp = builder.bitcast(ptr, ir.PointerType(vty))
@@ -200,12 +205,9 @@ def _emit_block_pass(context, builder, sig, args, isa, ahead):
                     qp = builder.bitcast(builder.gep(qbase, [qoff]), ir.PointerType(_I32))
                     q4 = builder.load(qp, align=1)
                 else:  # the last group's activations past xq are not read (their codes are 0)
-                    nv = builder.sub(ncols, qoff)
-                    nv = builder.select(builder.icmp_signed("<", nv, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), nv)
-                    nv = builder.select(builder.icmp_signed(">", nv, ir.Constant(_I64, 4)), ir.Constant(_I64, 4), nv)
+                    nv = _clamp64(builder, builder.sub(ncols, qoff), 4)
                     q4 = builder.bitcast(_masked_load(builder, qbase, qoff, ir.VectorType(_I8, 4), nv), _I32)
-                qv = builder.insert_element(ir.Constant(vacc, None), q4, ir.Constant(_I32, 0))
-                qv = builder.bitcast(builder.shuffle_vector(qv, qv, ir.Constant(vacc, [0] * vacc.count)), vbytes)
+                qv = builder.bitcast(_broadcast(builder, q4, vacc), vbytes)
                 codes = builder.and_(w, _splat(vbytes, 3 << (2 * k)))  # code * 4**k, in place
                 a = accs[h][k][parity]
                 builder.store(_dot_step(builder, isa, builder.load(a), codes, qv), a)
@@ -223,10 +225,8 @@ def _emit_block_pass(context, builder, sig, args, isa, ahead):
 
     r0 = builder.mul(b, ir.Constant(_I64, BLOCK_ROWS))
     left = builder.sub(nrows, r0)
-    xsv = builder.insert_element(ir.Constant(ir.VectorType(_F32, vacc.count), None), xs, ir.Constant(_I32, 0))
-    xsv = builder.shuffle_vector(xsv, xsv, ir.Constant(ir.VectorType(_I32, vacc.count), [0] * vacc.count))
-    qsv = builder.insert_element(ir.Constant(vacc, None), qsum, ir.Constant(_I32, 0))
-    qsv = builder.shuffle_vector(qsv, qsv, ir.Constant(vacc, [0] * vacc.count))
+    xsv = _broadcast(builder, xs, ir.VectorType(_F32, vacc.count))
+    qsv = _broadcast(builder, qsum, vacc)
     rsp = builder.bitcast(ra.data, ir.PointerType(_F32))
     outp = builder.bitcast(oa.data, ir.PointerType(_F32))
     for h in range(halves):
@@ -238,10 +238,8 @@ def _emit_block_pass(context, builder, sig, args, isa, ahead):
             tot = v if tot is None else builder.add(tot, v)
         f = builder.sitofp(builder.sub(tot, qsv), ir.VectorType(_F32, vacc.count))
         rh = builder.add(r0, ir.Constant(_I64, h * vacc.count))
-        nv = builder.sub(left, ir.Constant(_I64, h * vacc.count))
-        nv = builder.select(builder.icmp_signed("<", nv, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), nv)
-        mask = _lane_mask(builder, vacc.count, builder.select(
-            builder.icmp_signed(">", nv, ir.Constant(_I64, vacc.count)), ir.Constant(_I64, vacc.count), nv))
+        mask = _lanes_below(builder, vacc.count,
+                            _clamp64(builder, builder.sub(left, ir.Constant(_I64, h * vacc.count)), vacc.count))
         rs = _masked_f32(builder, builder.gep(rsp, [rh]), vacc.count, mask)
         res = builder.fmul(builder.fmul(rs, xsv), f)  # row_scale * x_scale * sum: the ternary2 kernels' order
         _masked_f32(builder, builder.gep(outp, [rh]), vacc.count, mask, store=res)

@@ -266,6 +266,8 @@ def b3_direct(cfg: ModelConfig, llc_bytes: int | None) -> bool:
 
 
 B3_MODES = ("auto", "direct", "expand")  # the engine's b3 option (tern.run.engine)
+# the engine's layout option: row-oriented ternary2 matrices as stored, or in 16-row blocks (tern.kernels.kernels_blocked)
+LAYOUTS = ("rows", "blocked16")
 
 
 def b3_mode(b3: str, kernel: str, cfg: ModelConfig, llc_bytes: int | None, packing: dict) -> tuple[str, bool]:

@@ -90,23 +90,31 @@ def _load_vec(builder, base, offset, vty):
     return builder.load(ptr, align=1)
 
 
+def _broadcast(builder, value, vty):
+    """``value`` (a scalar of vty's element type) in every lane of a ``vty`` vector."""
+    v = builder.insert_element(ir.Constant(vty, None), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
+
+
+def _lanes_below(builder, n, nvalid):
+    """<n x i1>: lane j < nvalid (i64)."""
+    vty = ir.VectorType(_I32, n)
+    return builder.icmp_unsigned("<", ir.Constant(vty, list(range(n))), _broadcast(builder, builder.trunc(nvalid, _I32), vty))
+
+
 def _masked_load(builder, base, offset, vty, nvalid):
     """Load ``vty`` bytes from base+offset keeping lanes < nvalid (others 0), never
     touching memory past the valid lanes."""
     ptr = builder.bitcast(builder.gep(base, [offset]), ir.PointerType(vty))
-    lanes = ir.Constant(ir.VectorType(_I32, vty.count), list(range(vty.count)))
-    n = builder.trunc(nvalid, _I32)
-    nv = builder.insert_element(ir.Constant(ir.VectorType(_I32, vty.count), None), n, ir.Constant(_I32, 0))
-    nv = builder.shuffle_vector(nv, nv, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
-    mask = builder.icmp_unsigned("<", lanes, nv)
     fn = _fn(builder.module, f"llvm.masked.load.v{vty.count}i8.p0", vty,
              [ir.PointerType(vty), _I32, ir.VectorType(ir.IntType(1), vty.count), vty])
-    return builder.call(fn, [ptr, ir.Constant(_I32, 1), mask, ir.Constant(vty, None)])
+    return builder.call(fn, [ptr, ir.Constant(_I32, 1), _lanes_below(builder, vty.count, nvalid), ir.Constant(vty, None)])
 
 
-def _min64(builder, v, m):
-    c = ir.Constant(_I64, m)
-    return builder.select(builder.icmp_signed("<", v, c), v, c)
+def _clamp64(builder, v, hi):
+    """v (i64) limited to 0 .. hi (a Python int)."""
+    zero, c = ir.Constant(_I64, 0), ir.Constant(_I64, hi)
+    return builder.select(builder.icmp_signed("<", v, c), builder.select(builder.icmp_signed("<", v, zero), zero, v), c)
 
 
 def _codes_scaled(builder, packed_vec, k, vty_bytes):
@@ -184,15 +192,12 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
     scaled = nrows == 1 if scaled is None else scaled  # given: benchmarks/row_dot_form.py
     codes_of = _codes_scaled if scaled else _codes
 
-    def clamp0(v):
-        return builder.select(builder.icmp_signed("<", v, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), v)
-
     def segment(seg_byte, seg_q, g, tail):
         """Accumulate one segment of g bytes (g = 64, or the last segment's length)."""
         for h in range(SEG_BYTES // width):  # halves for avx2
             off = builder.add(seg_byte, ir.Constant(_I64, h * width))
             if tail:
-                nvalid = _min64(builder, clamp0(builder.sub(g, ir.Constant(_I64, h * width))), width)
+                nvalid = _clamp64(builder, builder.sub(g, ir.Constant(_I64, h * width)), width)
                 pvs = [_masked_load(builder, rb, off, vbytes, nvalid) for rb in row_bases]
             else:
                 if ahead is not None and h == 0:  # one prefetch per 64-byte segment and row
@@ -203,7 +208,7 @@ def _emit_row_dot(context, builder, sig, args, isa, nrows, prefetch=0, scaled=No
                 qoff = builder.add(seg_q, builder.add(builder.mul(g, ir.Constant(_I64, k)),
                                                       ir.Constant(_I64, h * width)))
                 if tail:  # activations past the end of xq are not read (their codes are 0)
-                    qvalid = _min64(builder, clamp0(builder.sub(ncols, qoff)), width)
+                    qvalid = _clamp64(builder, builder.sub(ncols, qoff), width)
                     q = _masked_load(builder, qbase, qoff, vbytes, qvalid)
                 else:
                     q = _load_vec(builder, qbase, qoff, vbytes)
@@ -372,8 +377,7 @@ def _emit_skip_chunk(context, builder, sig, args, isa, width):
                                                                    ir.Constant(_I64, t))]))
             rows.append(builder.gep(base, [builder.mul(rix, stride0)]))
         q4 = builder.load(builder.gep(qq_ptr, [gi]))  # 4 activation bytes of this group
-        qv = builder.insert_element(ir.Constant(_V16I32, None), q4, ir.Constant(_I32, 0))
-        qv = builder.shuffle_vector(qv, qv, ir.Constant(_V16I32, [0] * 16))
+        qv = _broadcast(builder, q4, _V16I32)
         with builder.if_else(full) as (then, otherwise):
             with then:
                 pv_full = [builder.load(builder.bitcast(p, ir.PointerType(vbytes)), align=1) for p in rows]

@@ -28,7 +28,7 @@ from tern.core.config import ModelConfig, param_counts
 from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
-from tern.kernels.policy import EnginePolicy
+from tern.kernels.policy import LAYOUTS, EnginePolicy
 from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
@@ -128,7 +128,7 @@ class SweepPoint:
                              f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
         if not (isinstance(self.min_time_s, (int, float)) and 0 <= self.min_time_s <= 60):
             raise ValueError(f"sweep point min_time_s must be seconds in [0, 60], got {self.min_time_s!r}")
-        if not isinstance(self.region, bool) or self.layout not in ("rows", "blocked16"):
+        if not isinstance(self.region, bool) or self.layout not in LAYOUTS:
             raise ValueError(f"sweep point region must be a bool, layout rows / blocked16: {self.region!r}, {self.layout!r}")
 
     @property

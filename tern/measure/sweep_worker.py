@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", action=argparse.BooleanOptionalAction, default=None,
                     help="the engine's one-region token step at threads > 1 (default: the engine's "
                          "default, on); --no-region: a parallel region per large matrix")
-    ap.add_argument("--layout", choices=("rows", "blocked16"), default="rows", help="Engine(layout=...)")
+    from tern.kernels.policy import LAYOUTS
+
+    ap.add_argument("--layout", choices=LAYOUTS, default="rows", help="Engine(layout=...)")
     args = ap.parse_args(argv)
     from tern.run.engine import Engine
 

@@ -22,6 +22,8 @@ JSON_FIELDS = """\
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
+    from tern.kernels.policy import LAYOUTS
+
     p.add_argument("--model", required=True, help="packed model file (tern export)")
     p.add_argument("--prompt", default="", help="prompt text (default: the document separator)")
     p.add_argument("-n", type=int, default=100, help="tokens to generate (default 100)")
@@ -34,7 +36,7 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-matrix", action="store_true",
                    help="with --threads > 1: a parallel region per large matrix instead of the default "
                         "one region per token (the same text; the default is faster on small models)")
-    p.add_argument("--layout", choices=("rows", "blocked16"), default="rows",
+    p.add_argument("--layout", choices=LAYOUTS, default="rows",
                    help="ternary matrices in memory: rows as stored (default), or re-packed at load into "
                         "16-row blocks read as one stream (faster on short rows; the same text)")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")

@@ -70,6 +70,7 @@ from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.policy import (
+    LAYOUTS,
     PAR_MIN_WEIGHTS,
     REGION_ITEMS_PER_THREAD,
     REGION_MIN_WEIGHTS,
@@ -89,7 +90,6 @@ from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy, 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "dram", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
 WEIGHTS_MODES = ("auto", "copy", "map")  # huge-page copy of the file, or the memory map
-LAYOUTS = ("rows", "blocked16")  # row-oriented ternary2 matrices: as stored, or 16-row blocks (kernels_blocked)
 DENSE16_MODES = ("direct", "expand")  # fp16 / bf16 tables read as stored, or converted to fp32 at load
 ACT_CODES = {"drelu": ops.ACT_DRELU, "relu2": ops.ACT_RELU2, "silu": ops.ACT_SILU}
 FP32_BASELINE_MAX_BYTES = 8 * 2**30  # the fp32 rung dequantizes every matrix into RAM

@@ -119,10 +119,10 @@ class AuxBuffer:
         else:
             out, off = huge_page_buffer(self.size), 0
             parts, self.parts = self.parts, []
-            while parts:
-                b = parts.pop(0)
+            for i, b in enumerate(parts):
                 out[off:off + b.size] = b
                 off += b.size
+                parts[i] = b = None  # released as copied
         out.flags.writeable = False  # same numba type as the read-only file buffer
         return out
 
