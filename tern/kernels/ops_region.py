@@ -23,6 +23,7 @@ import numpy as np
 
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
 from tern.kernels.kernels_stored import dense_row, f32
 from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
 from tern.kernels.ops import (
@@ -116,20 +117,21 @@ S_MIX, S_FFN, S_HID = 0, 1, 2
 
 
 def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool = True,
-               stream: bool = True) -> EnginePolicy:
+               stream: bool = True, blocked: bool = HAS_BLOCK_SIMD) -> EnginePolicy:
     """The EnginePolicy an engine runs with (recorded with its measurements, so that the
     predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
     region's parameters (``Engine.region_params``, None: no region) the one-region step;
-    ``stream_prefetch`` / ``stream``: the engine's (Engine.stream_prefetch / stream_dram)."""
+    ``stream_prefetch`` / ``stream``: the engine's (Engine.stream_prefetch / stream_dram);
+    ``blocked``: its layout is blocked16 (default: the ``layout="auto"`` choice of this CPU)."""
     if region_params is None:
         return EnginePolicy(par_min_weights=int(par_min_weights), router_int8=True,
-                            stream_prefetch=bool(stream_prefetch), stream=bool(stream))
+                            stream_prefetch=bool(stream_prefetch), stream=bool(stream), blocked=bool(blocked))
     return EnginePolicy(par_min_weights=int(par_min_weights), region=True,
                         region_min_weights=int(region_params[RP_MIN_WEIGHTS]),
                         region_items=int(region_params[RP_ITEMS]), region_skip_split=SKIP_SEGMENTS,
                         router_int8=True, region_router_split=True, region_scan_split=True,
                         region_attn_split=True, region_attn_min_d=REGION_ATTN_MIN_D,
-                        stream_prefetch=bool(stream_prefetch), stream=bool(stream))
+                        stream_prefetch=bool(stream_prefetch), stream=bool(stream), blocked=bool(blocked))
 
 
 # what Engine(threads > 1) runs by default on this target (recorded by the probe and sweeps)

@@ -97,7 +97,9 @@ class EnginePolicy:
     ``stream_prefetch``: the streaming (one-row) kernel's software prefetch, chosen per host by
     the probe (tern.core.engine_tuning); engines before it always prefetched. ``stream``: do
     DRAM-resident pools' long rows run that streaming kernel at all (else the 4-row pass), chosen
-    per host by the probe as well; engines before it always streamed them."""
+    per host by the probe as well; engines before it always streamed them. ``blocked``: row-oriented
+    ternary2 matrices run in the blocked16 layout (tern.kernels.kernels_blocked; op "ternary_blocked",
+    the engine's ``layout``), never the streaming kernel; engines before it read rows as stored."""
 
     par_min_weights: int = PAR_MIN_WEIGHTS
     region: bool = False
@@ -111,6 +113,7 @@ class EnginePolicy:
     region_attn_min_d: int = LEGACY_ATTN_MIN_D
     stream_prefetch: bool = True
     stream: bool = True
+    blocked: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -126,7 +129,7 @@ class EnginePolicy:
     def to_dict(self) -> dict[str, int | bool]:
         """Every field; the per-matrix step's record is ``par_min_weights`` (as written
         before the region fields existed, so older readers still load it) and
-        ``router_int8`` / ``stream_prefetch`` / ``stream`` when not their legacy values."""
+        ``router_int8`` / ``stream_prefetch`` / ``stream`` / ``blocked`` when not their legacy values."""
         if self.region:
             return asdict(self)
         d: dict[str, int | bool] = {"par_min_weights": self.par_min_weights}
@@ -136,6 +139,8 @@ class EnginePolicy:
             d["stream_prefetch"] = False
         if not self.stream:
             d["stream"] = False
+        if self.blocked:
+            d["blocked"] = True
         return d
 
     @classmethod
@@ -155,8 +160,8 @@ class EnginePolicy:
 # the engine records region_skip_split=False: tern.kernels.ops_region.ENGINE_POLICY)
 CURRENT_POLICY = EnginePolicy(region=True, region_skip_split=True, router_int8=True, region_router_split=True,
                               region_scan_split=True, region_attn_split=True,
-                              region_attn_min_d=REGION_ATTN_MIN_D)
-PER_MATRIX_POLICY = EnginePolicy(router_int8=True)  # Engine(region=False): a parallel region per large matrix
+                              region_attn_min_d=REGION_ATTN_MIN_D, blocked=True)
+PER_MATRIX_POLICY = EnginePolicy(router_int8=True, blocked=True)  # Engine(region=False): a parallel region per large matrix
 LEGACY_POLICY = EnginePolicy(par_min_weights=1 << 20)  # records from before the policy was recorded
 
 
@@ -266,8 +271,34 @@ def b3_direct(cfg: ModelConfig, llc_bytes: int | None) -> bool:
 
 
 B3_MODES = ("auto", "direct", "expand")  # the engine's b3 option (tern.run.engine)
-# the engine's layout option: row-oriented ternary2 matrices as stored, or in 16-row blocks (tern.kernels.kernels_blocked)
+# the engine's layout option: row-oriented ternary2 matrices as stored, or in 16-row blocks (tern.kernels.kernels_blocked);
+# "auto" (the default): blocked16 where it applies (:func:`layout_mode`)
 LAYOUTS = ("rows", "blocked16")
+LAYOUT_MODES = ("auto",) + LAYOUTS
+
+
+def layout_and_b3(layout: str, b3: str, kernel: str, cfg: ModelConfig, llc_bytes: int | None, packing: dict,
+                  block_simd: bool) -> tuple[str, str, bool]:
+    """The engine's ``layout`` and ``b3`` options resolved: ``(layout, b3 mode, b3 direct)`` (the last
+    two as :func:`b3_mode`). ``layout="auto"`` is "blocked16" for the ternary kernel on a CPU where the
+    blocked pass has its SIMD form (``block_simd``: AVX2 or AVX-512,
+    tern.kernels.kernels_blocked.HAS_BLOCK_SIMD) unless the file's base-3 rows are read as stored
+    (b3 direct), else "rows"; "blocked16" re-packs ternary2 rows, so its ``b3="auto"`` expands. Same-run
+    A/B on the AMD EPYC Zen 4 VM (session 42, benchmarks/README "A row-blocked layout"): 1.31-1.45x
+    tok/s at 1 thread from 4M to 206M params, 1.07-1.26x on DRAM-bound models, logits identical.
+    ValueError for an unknown option or a combination the kernels cannot run."""
+    if layout not in LAYOUT_MODES:
+        raise ValueError(f"layout must be one of {LAYOUT_MODES}, got {layout!r}")
+    if layout == "blocked16":
+        for bad, why in ((kernel != "ternary", "layout='blocked16' needs the ternary kernel"),
+                         (b3 == "direct", "layout='blocked16' needs b3='expand' (or 'auto')")):
+            if bad:
+                raise ValueError(why)
+        b3 = "expand" if b3 == "auto" else b3
+    mode, direct = b3_mode(b3, kernel, cfg, llc_bytes, packing)
+    if layout == "auto":
+        layout = "blocked16" if kernel == "ternary" and not direct and block_simd else "rows"
+    return layout, mode, direct
 
 
 def b3_mode(b3: str, kernel: str, cfg: ModelConfig, llc_bytes: int | None, packing: dict) -> tuple[str, bool]:

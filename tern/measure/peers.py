@@ -39,7 +39,7 @@ from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
-from tern.measure.peers_table import BLOCKED_ENGINE, PER_MATRIX_ENGINE
+from tern.measure.peers_table import BLOCKED_ENGINE, PER_MATRIX_ENGINE, ROWS_ENGINE
 from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
@@ -290,13 +290,15 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
               host: HostProfile | None = None, measure_tern: MeasureTern = measure_in_subprocess,
               measure_llama: MeasureLlama | None = None, progress: bool = True,
               read_now: ReadNow | None = read_reference, per_matrix: bool = False,
-              round_trip_now: RoundTripNow | None = round_trip_ns, blocked: bool = False) -> dict[str, Any]:
+              round_trip_now: RoundTripNow | None = round_trip_ns, blocked: bool = False,
+              rows_layout: bool = False) -> dict[str, Any]:
     """Measure every shape at every thread count with tern (and llama.cpp when
     ``llama_bench`` is given); rows are appended to ``<results>/bench/peers.jsonl``.
     tern rows run the engine's default (one parallel region per token at threads > 1);
     ``per_matrix``: at threads > 1 also a parallel region per large matrix
     (Engine(region=False): engine ``tern-per-matrix``); ``blocked``: also Engine(layout="blocked16")
-    (engine ``tern-blocked16``).
+    (engine ``tern-blocked16``); ``rows_layout``: also Engine(layout="rows") (engine ``tern-rows``, the
+    layout before "auto" chose blocked16).
     ``read_now(working_set_bytes, threads)`` (None: skipped) times the read kernel right
     before each engine's run: the rows' ``bandwidth_fraction_same_run``; at threads > 1
     ``round_trip_now()`` (None: skipped) the threads' round trip: ``core_round_trip_ns``."""
@@ -335,7 +337,8 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
                              {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
             append_jsonl(records, rows[-1])
             for engine, kw in (((PER_MATRIX_ENGINE, dict(region=False)),) if per_matrix and t > 1 else ()) + (
-                    ((BLOCKED_ENGINE, dict(layout="blocked16")),) if blocked else ()):
+                    ((BLOCKED_ENGINE, dict(layout="blocked16")),) if blocked else ()) + (
+                    ((ROWS_ENGINE, dict(layout="rows")),) if rows_layout else ()):
                 _log(progress, f"peers {shape.name}: {engine}, {t} thread(s)")
                 ref = read_now(counts["working_set_bytes"], t) if read_now else None
                 where = trip(t)
@@ -397,6 +400,9 @@ def cli_configure_peers(p: Any) -> None:
     p.add_argument("--blocked", action="store_true",
                    help="also time tern with its ternary matrices re-packed into 16-row blocks "
                         "(Engine(layout='blocked16')): rows of engine tern-blocked16")
+    p.add_argument("--rows-layout", action="store_true",
+                   help="also time tern with its ternary matrices read as stored, 4 rows a pass "
+                        "(Engine(layout='rows'), the layout before blocked16 became the default): rows of engine tern-rows")
     p.add_argument("--no-read-reference", action="store_true",
                    help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
@@ -420,7 +426,7 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
     res = run_peers(shapes, threads, args.results, tokens=args.tokens, repeats=args.repeats,
                     warmup=args.warmup, body=args.body, llama_bench=llama, llama_label=args.llama_label,
                     host=host, read_now=None if args.no_read_reference else read_reference,
-                    per_matrix=args.per_matrix, blocked=args.blocked)
+                    per_matrix=args.per_matrix, blocked=args.blocked, rows_layout=args.rows_layout)
     if args.no_llama:
         res["note"] = "llama.cpp not measured (--no-llama)"
     return res

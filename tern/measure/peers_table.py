@@ -13,7 +13,10 @@ REGION_ENGINE = "tern-region"
 PER_MATRIX_ENGINE = "tern-per-matrix"
 # rows of Engine(layout="blocked16") beside the default "tern" rows (run_peers(blocked=True))
 BLOCKED_ENGINE = "tern-blocked16"
-_EXTRA = {REGION_ENGINE: "tern_region", PER_MATRIX_ENGINE: "tern_pm", BLOCKED_ENGINE: "tern_blk"}  # engine -> key
+# rows of Engine(layout="rows") beside the default "tern" rows (run_peers(rows_layout=True))
+ROWS_ENGINE = "tern-rows"
+_EXTRA = {REGION_ENGINE: "tern_region", PER_MATRIX_ENGINE: "tern_pm", BLOCKED_ENGINE: "tern_blk",
+          ROWS_ENGINE: "tern_rows"}  # engine -> key
 BUSY_FRACTION = 0.05  # other processes above this share of the CPUs: the row is flagged as disturbed
 
 
@@ -34,7 +37,7 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
     read bandwidth, and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
     and region / tern; with ``tern-per-matrix`` rows per-matrix / tern; with ``tern-blocked16`` rows
-    blocked / llama.cpp and blocked / tern)."""
+    blocked / llama.cpp and blocked / tern; with ``tern-rows`` rows, rows / llama.cpp and rows / tern)."""
     out: dict[str, dict[str, Any]] = {}
     for r in latest_rows(rows):
         e = out.setdefault(r["shape"], {"shape": r["shape"], "dims": r["dims"], "by_threads": {}})
@@ -54,11 +57,10 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 cell["region_over_llama"] = cell["tern_region"]["tok_per_s"] / cell["llama"]["tok_per_s"]
             if "tern_region" in cell and "tern" in cell:
                 cell["region_over_tern"] = cell["tern_region"]["tok_per_s"] / cell["tern"]["tok_per_s"]
-            for key, name in (("tern_pm", "pm"), ("tern_blk", "blk")):  # over the default tern rows
-                if key in cell and "tern" in cell:
-                    cell[f"{name}_over_tern"] = cell[key]["tok_per_s"] / cell["tern"]["tok_per_s"]
-            if "tern_blk" in cell and "llama" in cell:
-                cell["blk_over_llama"] = cell["tern_blk"]["tok_per_s"] / cell["llama"]["tok_per_s"]
+            for key, name in (("tern_pm", "pm"), ("tern_blk", "blk"), ("tern_rows", "rows")):  # over tern, llama.cpp
+                for other in ("tern", "llama"):
+                    if key in cell and other in cell:
+                        cell[f"{name}_over_{other}"] = cell[key]["tok_per_s"] / cell[other]["tok_per_s"]
     return sorted(out.values(), key=lambda e: e.get("tern_bytes_per_token", e.get("llama_bytes_per_token", 0)))
 
 
@@ -80,6 +82,8 @@ _REGION_COLS = (("region", "tern_region", "tok_per_s", 8, ".1f"), ("/llama", Non
 _PM_COLS = (("per-matrix", "tern_pm", "tok_per_s", 10, ".1f"), ("/tern", None, "pm_over_tern", 5, ".2f"))
 _BLK_COLS = (("blocked16", "tern_blk", "tok_per_s", 9, ".1f"), ("/llama", None, "blk_over_llama", 6, ".2f"),
              ("/tern", None, "blk_over_tern", 5, ".2f"))
+_ROWS_COLS = (("rows", "tern_rows", "tok_per_s", 8, ".1f"), ("/llama", None, "rows_over_llama", 6, ".2f"),
+              ("/tern", None, "rows_over_tern", 5, ".2f"))
 
 
 def render_peers(result: dict[str, Any]) -> str:
@@ -90,9 +94,11 @@ def render_peers(result: dict[str, Any]) -> str:
     has_region = any("tern_region" in c for e in table for c in e["by_threads"].values())
     has_pm = any("tern_pm" in c for e in table for c in e["by_threads"].values())
     has_blk = any("tern_blk" in c for e in table for c in e["by_threads"].values())
+    has_rows = any("tern_rows" in c for e in table for c in e["by_threads"].values())
     lines = []
     for i, (title, cols) in enumerate(_TEXT_TABLES):
-        extra = (_REGION_COLS if has_region else ()) + (_PM_COLS if has_pm else ()) + (_BLK_COLS if has_blk else ())
+        extra = ((_REGION_COLS if has_region else ()) + (_PM_COLS if has_pm else ()) + (_BLK_COLS if has_blk else ())
+                 + (_ROWS_COLS if has_rows else ()))
         cols = cols + extra if i == 0 else cols
         head = f"{'shape':<10} {'dims (d/L/ffn/V)':<26} {'MB/tok tern':>11} {'llama':>7}"
         head += "".join(f" | {t}t" + "".join(f" {h:>{w}}" for h, _, _, w, _ in cols) for t in threads)

@@ -17,6 +17,7 @@ from tern.measure.peers_table import latest_rows
 
 ENGINE_STYLE = {"tern": {"color": "C0", "marker": "o"}, "tern-region": {"color": "C2", "marker": "^"},
                 "tern-per-matrix": {"color": "C1", "marker": "v"}, "tern-blocked16": {"color": "C4", "marker": "D"},
+                "tern-rows": {"color": "C5", "marker": "P"},
                 "llama.cpp": {"color": "C3", "marker": "s"}}
 THREAD_LINES = ("-", "--", ":", "-.")
 

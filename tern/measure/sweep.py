@@ -28,7 +28,7 @@ from tern.core.config import ModelConfig, param_counts
 from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
-from tern.kernels.policy import LAYOUTS, EnginePolicy
+from tern.kernels.policy import LAYOUT_MODES, EnginePolicy
 from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
@@ -120,7 +120,7 @@ class SweepPoint:
     warmup: int = 16
     min_time_s: float = 0.0  # each sample repeats its run of ``tokens`` until it timed this long
     region: bool = True  # the engine's one-region step (its default; False: Engine(region=False)); threads > 1
-    layout: str = "rows"  # Engine(layout=...): ternary rows as stored, or "blocked16" (tern.kernels.kernels_blocked)
+    layout: str = "auto"  # Engine(layout=...): its default, rows as stored, or "blocked16" (tern.kernels.kernels_blocked)
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
@@ -128,8 +128,8 @@ class SweepPoint:
                              f"tokens={self.tokens}, repeats={self.repeats}, warmup={self.warmup}")
         if not (isinstance(self.min_time_s, (int, float)) and 0 <= self.min_time_s <= 60):
             raise ValueError(f"sweep point min_time_s must be seconds in [0, 60], got {self.min_time_s!r}")
-        if not isinstance(self.region, bool) or self.layout not in LAYOUTS:
-            raise ValueError(f"sweep point region must be a bool, layout rows / blocked16: {self.region!r}, {self.layout!r}")
+        if not isinstance(self.region, bool) or self.layout not in LAYOUT_MODES:
+            raise ValueError(f"sweep point region must be a bool, layout one of {LAYOUT_MODES}: {self.region!r}, {self.layout!r}")
 
     @property
     def key(self) -> str:
@@ -139,7 +139,7 @@ class SweepPoint:
             spec["min_time_s"] = float(self.min_time_s)
         if self.region and self.threads > 1:  # likewise (one thread runs the plain step either way)
             spec["region"] = True
-        spec.update({"layout": self.layout} if self.layout != "rows" else {})  # likewise
+        spec.update({"layout": self.layout} if self.layout != "rows" else {})  # likewise (rows: the engine before "auto")
         blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", action=argparse.BooleanOptionalAction, default=None,
                     help="the engine's one-region token step at threads > 1 (default: the engine's "
                          "default, on); --no-region: a parallel region per large matrix")
-    from tern.kernels.policy import LAYOUTS
+    from tern.kernels.policy import LAYOUT_MODES
 
-    ap.add_argument("--layout", choices=LAYOUTS, default="rows", help="Engine(layout=...)")
+    ap.add_argument("--layout", choices=LAYOUT_MODES, default="auto", help="Engine(layout=...)")
     args = ap.parse_args(argv)
     from tern.run.engine import Engine
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from tern.kernels.ops_region import run_policy
 
     policy = run_policy(eng.par_min_weights, eng.region_params if eng.region else None, eng.stream_prefetch,
-                        eng.stream_dram)
+                        eng.stream_dram, eng.layout == "blocked16")
     out = {**res, "load_s": load_s, "rss_after_load_bytes": rss_loaded,
            "peak_rss_bytes": peak_rss_bytes(), "engine": eng.describe(), "engine_policy": policy.to_dict()}
     print(json.dumps(out))

@@ -133,7 +133,7 @@ def _add(work: Work, key: WorkKey | str, calls: float, rows: float, units: float
 
 # ops priced with another op's cost when a profile predates them (same kernel family; the int8
 # router's: the head's matvec, its curves and the fp32 table's bytes, roofline.router_table_bytes)
-COST_FALLBACK = {"ternary_stream": "ternary_matvec", ROUTER_OP: "int8_matvec"}
+COST_FALLBACK = {"ternary_stream": "ternary_matvec", "ternary_blocked": "ternary_matvec", ROUTER_OP: "int8_matvec"}
 
 
 def priced_op(host: Any, op: str) -> str:
@@ -141,9 +141,11 @@ def priced_op(host: Any, op: str) -> str:
     return COST_FALLBACK[op] if op in COST_FALLBACK and op_cost_for(host.op_costs, op, 1) is None else op
 
 
-def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0) -> str:
+def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0, blocked: bool = False) -> str:
     f = get_format(fmt)
     if f.ternary:
+        if blocked:  # the blocked16 layout: one pass for every row-oriented ternary matrix
+            return "ternary_blocked"
         stream = stream_rb and stream_rb <= (cols + 3) // 4 <= STREAM_MAX_ROW_BYTES
         return "ternary_stream" if stream else "ternary_matvec"
     return "int8_matvec" if fmt == "int8" else "fp32_matvec"
@@ -176,7 +178,7 @@ def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_r
     """``op``: the op that prices it where not the format's matvec (the int8 router's kernel)."""
     tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
     cap = -(-rows // REGION_ROW_ALIGN)  # the one-region step's items are whole 16-row blocks
-    _add(work, _key(op or _matvec_op(fmt, cols, stream_rb), 0 if serial else rows * cols, ep, policy, cap),
+    _add(work, _key(op or _matvec_op(fmt, cols, stream_rb, policy.blocked), 0 if serial else rows * cols, ep, policy, cap),
          n, n * rows, n * rows * cols, tails)
 
 
@@ -263,7 +265,7 @@ REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its
 
 
 # weight bytes read per unit of each matrix op (units are weights; the others read state)
-WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25,
+WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25, "ternary_blocked": 0.25,
                          "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0}
 
 
@@ -308,8 +310,6 @@ def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
     """Total seconds of :func:`work_breakdown` (None when a cost is missing)."""
     b = work_breakdown(work, host, threads)
     return None if b is None else sum(b.values())
-
-
 
 
 # ---- memory: the measured kernel curves ------------------------------------------------------
@@ -418,11 +418,11 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
     (tern.core.host_queries.row_stall_factor: 1.0 for profiles without row curves)."""
     if not getattr(host, "op_curves", ()):
         return None
-    if priced_op(host, ROUTER_OP) != ROUTER_OP:  # a profile from before: the router as the int8 head's matvec
+    stand_in = {op: COST_FALLBACK[op] for op in (ROUTER_OP, "ternary_blocked") if priced_op(host, op) != op}
+    if stand_in:  # a profile from before: the router as the int8 head's matvec, the blocked pass as the 4-row
         merged: Work = {}
         for key, w in work.items():
-            k = WorkKey(COST_FALLBACK[ROUTER_OP], key.split, key.experts) if key.op == ROUTER_OP else key
-            _add(merged, k, *w)
+            _add(merged, WorkKey(stand_in.get(key.op, key.op), key.split, key.experts), *w)
         work = merged
     extra = covered = 0.0
     for key, w in work.items():

@@ -20,18 +20,17 @@ tern.kernels.ops):
 * ``experts`` — ``threads`` chosen experts at once, each on one thread with the
   single-thread kernel (expert-parallel routed experts).
 
-Shapes (rows x cols; 256 KiB of weights per matrix at least): the 4-row ternary pass on
-256-byte rows, the streaming pass on 1 KiB rows (the engine streams 320 B - 4 KB rows of
-DRAM-resident pools), the activation-skip kernel with a quarter of its inputs nonzero
-(tern.predict.inventory.HIDDEN_DENSITY at random initialisation; skipped rows are not
-read), the int8 and fp32 matvecs of heads and routers. The ternary ops are timed at a
-second, 4x smaller matrix too (:data:`SMALL_CURVE_SHAPES`), serial and expert-parallel:
-from the two sizes the predictor reads each call's time at the op's own matrix size, so
-a per-call stall (a cold prefetch stream at every matrix) is measured, not folded into a
-per-weight rate (tern.predict.inventory.curve_stall). The 4-row pass has a third,
-row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a
-per-row term is measured at every working set too. The weights are mapped from a file,
-as the engine maps a model (:class:`CurveBuffer`).
+Shapes (rows x cols; 256 KiB of weights per matrix at least): the 4-row ternary pass and the blocked16 pass
+(one thread: chained into the next matrix, as the engine) on 256-byte rows, the streaming pass on 1 KiB rows
+(the engine streams 320 B - 4 KB rows of DRAM-resident pools), the activation-skip kernel with a quarter of
+its inputs nonzero (tern.predict.inventory.HIDDEN_DENSITY at random initialisation; skipped rows are not
+read), the int8 and fp32 matvecs of heads and routers. The ternary ops are timed at a second, 4x smaller
+matrix too (:data:`SMALL_CURVE_SHAPES`), serial and expert-parallel: from the two sizes the predictor reads
+each call's time at the op's own matrix size, so a per-call stall (a cold prefetch stream at every matrix)
+is measured, not folded into a per-weight rate (tern.predict.inventory.curve_stall). The 4-row pass has a
+third, row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a per-row term
+is measured at every working set too. The weights are mapped from a file, as the engine maps a model
+(:class:`CurveBuffer`).
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_ru
 CURVE_SHAPES = {
     "ternary_matvec": (1024, 1024),
     "ternary_stream": (256, 4096),
+    "ternary_blocked": (1024, 1024),
     "ternary_skip": (1024, 1024),
     "int8_matvec": (512, 512),
     "fp32_matvec": (256, 256),
@@ -66,11 +66,12 @@ CURVE_SHAPES = {
 PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
     "ternary_matvec": (1024, 1024),
     "ternary_stream": (256, 4096),
+    "ternary_blocked": (1024, 1024),
     "ternary_skip": (1024, 1024),
     "int8_matvec": (1024, 1024),
     "fp32_matvec": (1024, 1024),
 }
-EXPERT_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip")
+EXPERT_OPS = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip")
 # a second, 4x smaller matrix of each ternary op (64 KiB; serial and expert-parallel): with
 # two sizes the predictor separates what each call pays on arriving at its matrix from
 # DRAM (a prefetch stream starting cold, first-touch misses) from the per-weight slowdown,
@@ -78,6 +79,7 @@ EXPERT_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip")
 SMALL_CURVE_SHAPES = {
     "ternary_matvec": (256, 1024),
     "ternary_stream": (64, 4096),
+    "ternary_blocked": (256, 1024),
     "ternary_skip": (256, 1024),
 }
 # a third, row-heavy shape of the 4-row pass (the weights of the main shape over twice its
@@ -93,6 +95,8 @@ QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 
 def _weight_bytes(op: str, rows: int, cols: int) -> int:
     """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
+    if op == "ternary_blocked":  # rows and columns padded to 16
+        return 16 * ((rows + 15) // 16) * ((cols + 15) // 16 * 4)
     if op.startswith("ternary"):
         return rows * ((cols + 3) // 4)
     return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 4)
@@ -100,10 +104,34 @@ def _weight_bytes(op: str, rows: int, cols: int) -> int:
 
 # ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
 def _drivers() -> dict[str, Callable]:
+    from tern.kernels import kernels_blocked as kb
     from tern.kernels import kernels_dense as kd
     from tern.kernels import kernels_stored as ks
     from tern.kernels import kernels_ternary as kt
     from tern.kernels import ops
+
+    @numba.njit(cache=True)
+    def blocked(P, order, S, xq, out, passes, par):
+        """P (k, blocks, bytes per block) in the blocked16 layout, every matrix once per pass in
+        ``order``; one thread prefetches on into the matrix read next, as the engine's step does."""
+        xs = np.float32(0.01)
+        n = order.shape[0]
+        for _ in range(passes):
+            for i in range(n):
+                if par:
+                    kb.blocked16_matvec_par(P[order[i]], S, xq, xs, out)
+                else:
+                    kb.blocked16_matvec_next(P[order[i]], S, xq, xs, out, True, P[order[(i + 1) % n]])
+
+    @numba.njit(cache=True, parallel=True)
+    def blocked_experts(P, order, S, xq, outs, passes):
+        """Groups of ``outs.shape[0]`` blocked16 matrices at once, one per thread slot (nothing chained)."""
+        xs = np.float32(0.01)
+        slots = outs.shape[0]
+        for _ in range(passes):
+            for base in range(0, P.shape[0] - slots + 1, slots):
+                for c in numba.prange(slots):
+                    kb.blocked16_matvec_next(P[order[base + c]], S, xq, xs, outs[c], True, kt.NO_NEXT)
 
     @numba.njit(cache=True)
     def ternary(P, order, S, xq, out, passes, par, skip, stream, prefetch):
@@ -167,7 +195,7 @@ def _drivers() -> dict[str, Callable]:
                     kd.matvec_fp32_nb(W[m], x, out)
 
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "ternary_experts": ternary_experts, "int8": int8, "router": router, "fp32": fp32}
+    return {"ternary": ternary, "ternary_experts": ternary_experts, "blocked": blocked, "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32}
 
 
 @lru_cache(maxsize=1)
@@ -225,6 +253,14 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
     r, c = shape
     par = split == "rows"
     order = rng.permutation(n_mats).astype(np.int64)  # routed experts come in no useful order
+    if op == "ternary_blocked":
+        P = buf.view(np.uint8, (n_mats, (r + 15) // 16, _weight_bytes(op, r, c) // ((r + 15) // 16)))
+        xq, S = rng.integers(-127, 128, c).astype(np.int8), np.ones(r, f32)
+        if split == "experts":
+            outs = np.zeros((threads, r), f32)
+            return lambda n: d["blocked_experts"](P, order, S, xq, outs, n)
+        out = np.zeros(r, f32)
+        return lambda n: d["blocked"](P, order, S, xq, out, n, par)
     if op.startswith("ternary"):
         rb = (c + 3) // 4
         P = buf.view(np.uint8, (n_mats, r, rb))
@@ -363,7 +399,7 @@ def curve_plan(threads: tuple[int, ...], quick: bool = False) -> list[tuple[str,
     1-thread ternary ones, without the row-heavy shape). The smaller and row-heavy shapes
     come last, so a reader that takes the first curve of an op finds the main shape."""
     if quick:
-        ops = ("ternary_matvec", "ternary_stream", "ternary_skip")
+        ops = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip")
         return ([(op, "serial", 1, CURVE_SHAPES[op]) for op in ops]
                 + [(op, "serial", 1, SMALL_CURVE_SHAPES[op]) for op in ops])
     plan = [(op, "serial", 1, shape) for op, shape in CURVE_SHAPES.items()]

@@ -12,6 +12,8 @@ op                 timed function                                        cost mo
 ternary_matvec     kernels_ternary.ternary_matvec(_par)                  call + row x rows + unit x weights
 ternary_stream     kernels_ternary.ternary_matvec_stream(_par) (one row    call + row x rows + unit x weights
                    per pass: long rows of DRAM-resident pools)
+ternary_blocked    kernels_blocked.blocked16_matvec(_next/_par): the      call + row x rows + unit x weights
+                   blocked16 layout (Engine(layout="auto") on AVX2+)
 ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
                    nonzero (skipped inputs cost nothing; the per-output
                    cost is the accumulator set-up and scaling)
@@ -60,7 +62,7 @@ from tern.kernels.region import phase_counters
 from tern.probe.bandwidth import numba_threads
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
-MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_skip", "int8_matvec", "fp32_matvec")
+MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip", "int8_matvec", "fp32_matvec")
 # ROUTER_OP: timed at 1 thread only (tern.predict.inventory prices its items there)
 OPS = MATVEC_OPS + (ROUTER_OP, "ssm_step", "attention", "vector")
 REGION_OP = "region_phase"  # timed at threads > 1 only (tern.predict.inventory prices it there)
@@ -101,6 +103,7 @@ _VECTOR_SIZES = (128, 512, 2048, 8192)
 
 # ---- numba drivers: the repetition loop runs inside numba ----------------------------------
 def _drivers():
+    from tern.kernels import kernels_blocked as kb
     from tern.kernels import kernels_dense as kd
     from tern.kernels import kernels_stored as ks
     from tern.kernels import kernels_ternary as kt
@@ -126,6 +129,16 @@ def _drivers():
                 kt.ternary_matvec_par(P, S, xq, xs, out)
             else:
                 kt.ternary_matvec(P, S, xq, xs, out)
+
+    @numba.njit(cache=True)
+    def blocked(P, S, xq, out, count, par):
+        """P: a blocked16 matrix (blocks, bytes per block), as the engine runs it (no next matrix)."""
+        xs = np.float32(0.01)
+        for _ in range(count):
+            if par:
+                kb.blocked16_matvec_par(P, S, xq, xs, out)
+            else:
+                kb.blocked16_matvec_next(P, S, xq, xs, out, True, kt.NO_NEXT)
 
     @numba.njit(cache=True)
     def int8(W, S, x, out, count, par):
@@ -184,13 +197,13 @@ def _drivers():
 
     # the cached drivers embed the engine's kernels: drop them when those files changed
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "int8": int8, "router": router, "fp32": fp32, "ssm": ssm, "attn": attn,
+    return {"ternary": ternary, "blocked": blocked, "int8": int8, "router": router, "fp32": fp32, "ssm": ssm, "attn": attn,
             "vector": vector, "region": region}
 
 
 # the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
-ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "simd.py", "ops.py", "quant.py",
-                                              "kernels_dense.py", "fastmath.py", "kernels_b3.py",
+ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "kernels_blocked.py", "simd.py",
+                                              "ops.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_b3.py",
                                               "kernels_stored.py", "prefetch.py", "region.py", "routing.py",
                                               "ssm_step.py", "kernels_unpack.py"))
 
@@ -239,6 +252,13 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
         stream = op == "ternary_stream"
         return (lambda n: d["ternary"](P, S, xq, out, n, par, False, stream, stream_prefetch)), r, float(r * c)
+    if op == "ternary_blocked":
+        from tern.kernels.kernels_blocked import pack_blocked16
+
+        r, c = shape
+        P = pack_blocked16(random_ternary2(r, c, seed=int(rng.integers(1 << 30))), c)
+        S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
+        return (lambda n: d["blocked"](P, S, xq, out, n, par)), r, float(r * c)
     if op == "ternary_skip":
         h, dd = shape  # H inputs (rows of the transposed matrix), D outputs
         Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
@@ -291,7 +311,7 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
     """Sizes an op is timed at (see the module table)."""
     if op in MATVEC_OPS:
         fam = {"ternary_matvec": "ternary", "ternary_stream": "ternary", "ternary_skip": "ternary",
-               "int8_matvec": "int8",
+               "ternary_blocked": "ternary", "int8_matvec": "int8",
                "fp32_matvec": "fp32"}[op]
         if threads > 1:
             return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]

@@ -22,7 +22,7 @@ JSON_FIELDS = """\
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
-    from tern.kernels.policy import LAYOUTS
+    from tern.kernels.policy import LAYOUT_MODES
 
     p.add_argument("--model", required=True, help="packed model file (tern export)")
     p.add_argument("--prompt", default="", help="prompt text (default: the document separator)")
@@ -36,9 +36,9 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-matrix", action="store_true",
                    help="with --threads > 1: a parallel region per large matrix instead of the default "
                         "one region per token (the same text; the default is faster on small models)")
-    p.add_argument("--layout", choices=LAYOUTS, default="rows",
-                   help="ternary matrices in memory: rows as stored (default), or re-packed at load into "
-                        "16-row blocks read as one stream (faster on short rows; the same text)")
+    p.add_argument("--layout", choices=LAYOUT_MODES, default="auto",
+                   help="ternary matrices in memory: rows as stored, or re-packed at load into 16-row blocks "
+                        "read as one stream (faster; the same text); auto (default): blocked16 on CPUs with AVX2")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 

@@ -34,9 +34,10 @@ computes the same model (docs/MODEL.md):
   fp32 at load (``"expand"``: twice the bytes per token, the comparison). Same logits.
 - ``b3``: base-3 (1.6-bit) matrices read as stored (``"direct"``, tern.kernels.kernels_b3) or
   expanded to ternary2 at load (``"expand"``); ``"auto"``: tern.kernels.policy.b3_mode. Same logits.
-- ``layout``: row-oriented ternary matrices ``"rows"`` as stored (default) or ``"blocked16"``: re-packed at load
-  into 16-row blocks, each one stream with no per-row sums (tern.kernels.kernels_blocked; load time and resident
-  memory; b3 files expanded; the skip kernel's transposed down projections unchanged). Same logits.
+- ``layout``: row-oriented ternary matrices ``"rows"`` as stored or ``"blocked16"``: re-packed at load
+  into 16-row blocks, each one stream with no per-row sums (tern.kernels.kernels_blocked; load time; b3 files
+  expanded; the skip kernel's transposed down projections unchanged); ``"auto"`` (default): blocked16 where
+  it applies (tern.kernels.policy.layout_and_b3). Same logits.
 - ``weights``: where the token step reads the file's bytes: ``"copy"``, a copy in
   anonymous memory on transparent huge pages (tern.run.weights: fewer TLB misses; costs a
   pass over the file at load and its size in resident memory), ``"map"``, the
@@ -68,24 +69,24 @@ import numpy as np
 from tern.core.config import tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
+from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.policy import (
-    LAYOUTS,
     PAR_MIN_WEIGHTS,
     REGION_ITEMS_PER_THREAD,
     REGION_MIN_WEIGHTS,
     STREAM_MAX_ROW_BYTES,
     STREAM_MIN_ROW_BYTES,
     act_skip_applies,
-    b3_mode,
     copy_weights,
+    layout_and_b3,
     stream_row_bytes,
 )
 from tern.kernels.region import phase_counters, thread_count_reader
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
 from tern.run.region_watch import RegionRunner
-from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy, kernel_matrix
+from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy, kernel_matrix, tensor_ranges
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "dram", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
@@ -106,7 +107,7 @@ class Engine:
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
-                 region: bool | str = "auto", stream_prefetch: bool | str = "auto", layout: str = "rows"):
+                 region: bool | str = "auto", stream_prefetch: bool | str = "auto", layout: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -150,13 +151,8 @@ class Engine:
             raise ValueError(f"dense16 must be one of {DENSE16_MODES}, got {dense16!r}")
         self.dense16 = dense16
         self.llc_bytes = llc_bytes_here(tuned)  # its rules' LLC: the probe's (a VM's slice of a big L3), else the OS's
-        for bad, why in ((layout not in LAYOUTS, f"layout must be one of {LAYOUTS}, got {layout!r}"),
-                         (layout == "blocked16" and kernel != "ternary", "layout='blocked16' needs the ternary kernel"),
-                         (layout == "blocked16" and b3 == "direct", "layout='blocked16' needs b3='expand' (or 'auto')")):
-            if bad:
-                raise ValueError(why)
-        self.layout, b3 = layout, ("expand" if layout == "blocked16" else b3)  # blocked16 re-packs ternary2 rows
-        self.b3, self._b3_direct = b3_mode(b3, kernel, self.cfg, self.llc_bytes, self.model.packing)
+        self.layout, self.b3, self._b3_direct = layout_and_b3(layout, b3, kernel, self.cfg, self.llc_bytes,
+                                                              self.model.packing, HAS_BLOCK_SIMD)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
         if weights == "auto":
@@ -185,9 +181,11 @@ class Engine:
         s_addr = self._file_addr(f"{name}.scale")
         if self.kernel == "fp32":
             wt, s = self.model.ternary(name)  # (..., rows, cols), (..., rows)
+            self._file_unread.add(f"{name}.packed")
             return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
         b3 = self._b3_direct and orientation == "rows"  # G_B3: row matrices in the b3 layout
         flat = kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows")
+        (self._file_read if flat is None else self._file_unread).add(f"{name}.packed")  # the weights copy skips unread
         return (self._file_addr(f"{name}.packed") if flat is None else aux.add(flat)), s_addr  # None: as stored
 
     def _dense(self, aux: AuxBuffer, name: str) -> tuple[int, int, int]:
@@ -210,7 +208,7 @@ class Engine:
             if est > FP32_BASELINE_MAX_BYTES:
                 raise ValueError(f"the fp32 baseline would dequantize ~{est / 2**30:.1f} GiB of weights "
                                  f"(limit {FP32_BASELINE_MAX_BYTES / 2**30:.0f} GiB); use kernel='ternary'")
-        aux = AuxBuffer()
+        aux, self._file_read, self._file_unread = AuxBuffer(), set(), set()
         L = cfg.n_layers
         T = np.full((L, ops.N_FIELDS), -1, np.int64)
         LI = np.full((L, ops.N_LINTS), -1, np.int64)
@@ -291,7 +289,8 @@ class Engine:
         G = np.concatenate([G, routed])
         self.G, self.T, self.LI = G, T, LI
         self.aux = aux.build()
-        self.buf = huge_page_copy(self.model.buffer) if self.weights == "copy" else self.model.buffer
+        self.buf = (huge_page_copy(m.buffer, tensor_ranges(m, self._file_unread - self._file_read))
+                    if self.weights == "copy" else m.buffer)
         self.n_ssm, self.n_attn, self.n_moe = n_ssm, n_attn, n_moe
         self.eps = float(cfg.norm_eps)
 

@@ -55,15 +55,29 @@ def huge_page_buffer(n: int) -> np.ndarray:
     return whole[off:off + int(n)]
 
 
-def huge_page_copy(src: np.ndarray) -> np.ndarray:
-    """A read-only uint8 copy of ``src`` in a :func:`huge_page_buffer`."""
+def huge_page_copy(src: np.ndarray, skip: list[tuple[int, int]] | tuple = ()) -> np.ndarray:
+    """A read-only uint8 copy of ``src`` in a :func:`huge_page_buffer`, but for the byte ranges
+    ``[start, stop)`` of ``skip`` (what the engine never reads from the file: matrices it re-packed
+    into its aux buffer): those stay zero, their pages never written nor resident (but where they share
+    a 2 MiB page with copied bytes)."""
     n = int(src.size)
     out = huge_page_buffer(n)
     flat = src.reshape(-1)
-    for i in range(0, n, _COPY_CHUNK):
-        out[i:i + _COPY_CHUNK] = flat[i:i + _COPY_CHUNK]
+    start = 0
+    for lo, hi in sorted(skip) + [(n, n)]:
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"skip range [{lo}, {hi}) is not inside the {n} B source")
+        for i in range(start, lo, _COPY_CHUNK):
+            out[i:min(i + _COPY_CHUNK, lo)] = flat[i:min(i + _COPY_CHUNK, lo)]
+        start = max(start, hi)
     out.flags.writeable = False  # the same numba type as the read-only file mapping
     return out
+
+
+def tensor_ranges(model, names) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` byte ranges in ``model``'s file (tern.packed.reader.PackedModel) of its
+    stored tensors ``names``."""
+    return [(model.offsets[k], model.offsets[k] + model.tensors[k].nbytes) for k in names]
 
 
 def mapping_stats(a: np.ndarray) -> dict[str, Any]:

@@ -25,7 +25,7 @@ def test_inventory_prices_the_down_projection_by_the_rule(activation):
     down = cfg.top_k * cfg.expert_hidden * cfg.d_model * n_moe  # routed down-projection weights per token
     gate_up = 2 * down
     skip = _units(st, "ternary_skip")
-    rows = _units(st, "ternary_matvec") + _units(st, "ternary_stream")
+    rows = _units(st, "ternary_matvec") + _units(st, "ternary_stream") + _units(st, "ternary_blocked")
     if act_skip_applies(activation):
         assert skip > 0 and rows == gate_up and skip_s > 0
     else:  # a SiLU down projection is a plain row matvec: every weight, nothing skipped
@@ -90,3 +90,55 @@ def test_stream_choice_is_recorded_and_old_records_streamed():
     assert "stream" not in PER_MATRIX_POLICY.to_dict()
     with pytest.raises(ValueError, match="stream must be True or False"):
         EnginePolicy(stream="off")
+
+
+def test_blocked_layout_is_recorded_and_old_records_read_rows():
+    """EnginePolicy.blocked: engines before layout="auto" read rows as stored; today's policies record it."""
+    from dataclasses import replace
+
+    from tern.kernels.policy import CURRENT_POLICY, LEGACY_POLICY, PER_MATRIX_POLICY, EnginePolicy
+
+    assert not LEGACY_POLICY.blocked and CURRENT_POLICY.blocked and PER_MATRIX_POLICY.blocked
+    assert not EnginePolicy.of_record({"engine_policy": {"par_min_weights": 1 << 20, "region": True}}).blocked
+    for pol in (CURRENT_POLICY, PER_MATRIX_POLICY):
+        assert EnginePolicy.of_record({"engine_policy": pol.to_dict()}) == pol
+        rows = replace(pol, blocked=False)
+        assert EnginePolicy.of_record({"engine_policy": rows.to_dict()}) == rows
+    assert "blocked" not in replace(PER_MATRIX_POLICY, blocked=False).to_dict()
+    with pytest.raises(ValueError, match="blocked must be True or False"):
+        EnginePolicy(blocked=1)
+
+
+def test_layout_auto_is_blocked_where_the_blocked_pass_has_simd():
+    from tern.kernels.policy import layout_and_b3
+
+    cfg = load_config("sandbox")
+    b3_file = {"x": {"format": "ternary_b3"}}
+    assert layout_and_b3("auto", "auto", "ternary", cfg, None, {}, True) == ("blocked16", "expand", False)
+    assert layout_and_b3("auto", "auto", "ternary", cfg, None, {}, False)[0] == "rows"  # no SIMD form
+    assert layout_and_b3("auto", "auto", "fp32", cfg, None, {}, True)[0] == "rows"
+    assert layout_and_b3("auto", "direct", "ternary", cfg, None, b3_file, True) == ("rows", "direct", True)
+    assert layout_and_b3("blocked16", "auto", "ternary", cfg, 1, b3_file, False) == ("blocked16", "expand", False)
+    assert layout_and_b3("rows", "auto", "ternary", cfg, None, {}, True)[0] == "rows"
+    for layout, b3, kernel, match in (("cols", "auto", "ternary", "layout must be one of"),
+                                      ("blocked16", "auto", "fp32", "needs the ternary kernel"),
+                                      ("blocked16", "direct", "ternary", "b3='expand'"),
+                                      ("auto", "maybe", "ternary", "b3 must be one of")):
+        with pytest.raises(ValueError, match=match):
+            layout_and_b3(layout, b3, kernel, cfg, None, {}, True)
+
+
+def test_inventory_prices_the_blocked_pass_where_the_policy_is_blocked():
+    """Every row-oriented ternary matvec becomes op ternary_blocked (never the streaming pass); the skip
+    kernel's down projections, heads and routers keep theirs; the weights per token are the same."""
+    from dataclasses import replace
+
+    from tern.kernels.policy import CURRENT_POLICY
+
+    cfg = load_config("sandbox")
+    blk = work_inventory(cfg, llc_bytes=1, policy=CURRENT_POLICY)
+    rows = work_inventory(cfg, llc_bytes=1, policy=replace(CURRENT_POLICY, blocked=False))
+    for b, r in ((blk.resident, rows.resident), (blk.streamed, rows.streamed)):
+        assert _units(b, "ternary_matvec") == _units(b, "ternary_stream") == 0
+        assert _units(b, "ternary_blocked") == _units(r, "ternary_matvec") + _units(r, "ternary_stream") > 0
+        assert _units(b, "ternary_skip") == _units(r, "ternary_skip")

@@ -341,7 +341,7 @@ def test_blocked_rows_beside_tern_and_llama(tmp_path, fake_llama):
 
     res = run_peers([TINY], [1, 2], tmp_path / "res", tokens=8, repeats=3, warmup=0, llama_bench=exe,
                     measure_tern=fake, progress=False, read_now=None, blocked=True)
-    assert seen == [(1, "rows"), (1, "blocked16"), (2, "rows"), (2, "blocked16")]
+    assert seen == [(1, "auto"), (1, "blocked16"), (2, "auto"), (2, "blocked16")]
     assert [r["engine"] for r in res["rows"]] == ["tern", "tern-blocked16", "llama.cpp"] * 2
     cell = peers_table(res["rows"])[0]["by_threads"][1]
     assert cell["blk_over_tern"] == pytest.approx(1.1) and cell["blk_over_llama"] == pytest.approx(330 / 110)
@@ -352,5 +352,23 @@ def test_blocked_rows_beside_tern_and_llama(tmp_path, fake_llama):
     assert "tern-blocked16, 1 thread" in labels  # the figure draws them too
     a = SweepPoint("peers", "x", TINY.cfg, 1)
     assert a.key != SweepPoint("peers", "x", TINY.cfg, 1, layout="blocked16").key
-    with pytest.raises(ValueError, match="layout rows / blocked16"):
+    with pytest.raises(ValueError, match="layout one of"):
         SweepPoint("peers", "x", TINY.cfg, 1, layout="cols")
+
+
+def test_rows_layout_rows_beside_the_default(tmp_path, fake_llama):
+    """rows_layout=True (--rows-layout): a tern-rows row per thread count measured with Engine(layout="rows"),
+    the default's rows with layout "auto"; the table and text add rows / llama.cpp and rows / tern."""
+    exe, _ = fake_llama
+    seen = []
+
+    def fake(path, point):
+        seen.append(point.layout)
+        return {**fake_tern(path, point), "tok_per_s": 200.0 if point.layout == "rows" else 300.0}
+
+    res = run_peers([TINY], [1], tmp_path / "res", tokens=8, repeats=3, warmup=0, llama_bench=exe,
+                    measure_tern=fake, progress=False, read_now=None, rows_layout=True)
+    assert seen == ["auto", "rows"] and [r["engine"] for r in res["rows"]] == ["tern", "tern-rows", "llama.cpp"]
+    cell = peers_table(res["rows"])[0]["by_threads"][1]
+    assert cell["rows_over_tern"] == pytest.approx(2 / 3) and cell["rows_over_llama"] == pytest.approx(200 / 110)
+    assert " rows " in render_peers(res).splitlines()[1]

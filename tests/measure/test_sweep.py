@@ -281,7 +281,8 @@ def test_sweep_point_min_time_is_validated_and_old_keys_stay():
 
     from tern.measure.sweep import MEASURE_VERSION
 
-    p = SweepPoint("fixed_active", "t", TINY, 1, tokens=8)
+    p = SweepPoint("fixed_active", "t", TINY, 1, tokens=8, layout="rows")  # the engine before layout "auto"
+    assert SweepPoint("fixed_active", "t", TINY, 1, tokens=8).key != p.key
     blob = json.dumps({"config": TINY.to_dict(), "threads": 1, "tokens": 8, "repeats": 3, "warmup": 16,
                        "v": MEASURE_VERSION}, sort_keys=True)
     assert p.key == hashlib.sha256(blob.encode()).hexdigest()[:16]  # rows measured before min_time_s resume
@@ -293,9 +294,9 @@ def test_sweep_point_min_time_is_validated_and_old_keys_stay():
         "fixed_active", "t", TINY, 2, tokens=8, region=False).key  # the one-region engine is another measurement
     blob2 = json.dumps({"config": TINY.to_dict(), "threads": 2, "tokens": 8, "repeats": 3, "warmup": 16,
                         "v": MEASURE_VERSION}, sort_keys=True)  # per-matrix rows measured before it was the default
-    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8, region=False).key == hashlib.sha256(
+    assert SweepPoint("fixed_active", "t", TINY, 2, tokens=8, region=False, layout="rows").key == hashlib.sha256(
         blob2.encode()).hexdigest()[:16]
-    assert SweepPoint("fixed_active", "t", TINY, 1, tokens=8, region=False).key == p.key  # 1 thread: one step
+    assert SweepPoint("fixed_active", "t", TINY, 1, tokens=8, region=False, layout="rows").key == p.key  # 1 thread: one step
     with pytest.raises(ValueError, match="region"):
         SweepPoint("fixed_active", "t", TINY, 2, region="yes")
 

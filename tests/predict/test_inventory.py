@@ -26,8 +26,8 @@ def test_inventory_counts_every_weight_once(preset):
     res, st, skip_r, skip_s = work_inventory(cfg)
     assert skip_r == 0 and skip_s == 0
     linear = g.get("mixer", 0) + g.get("mlp", 0) + g.get("shared", 0)
-    assert _units(res, "ternary_matvec") + _units(res, "ternary_skip") == linear
-    assert _units(st, "ternary_matvec") + _units(st, "ternary_skip") == param_counts(cfg).streamed.params
+    rows = lambda w: _units(w, "ternary_matvec") + _units(w, "ternary_blocked") + _units(w, "ternary_skip")  # noqa: E731
+    assert rows(res) == linear and rows(st) == param_counts(cfg).streamed.params
     head = g["embed"] if cfg.tie_embeddings else g["head"]
     assert _units(res, "int8_matvec") + _units(res, "fp32_matvec") + _units(res, "router_int8") \
         == head + g.get("router", 0)
@@ -173,8 +173,9 @@ def test_inventory_prices_the_4_row_pass_where_the_engine_does_not_stream():
     from dataclasses import replace
 
     cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)
-    res, st, _, _ = work_inventory(cfg, None, 1 << 10, CURRENT_POLICY)
-    res_off, st_off, _, _ = work_inventory(cfg, None, 1 << 10, replace(CURRENT_POLICY, stream=False))
+    rows = replace(CURRENT_POLICY, blocked=False)  # the blocked16 layout never streams
+    res, st, _, _ = work_inventory(cfg, None, 1 << 10, rows)
+    res_off, st_off, _, _ = work_inventory(cfg, None, 1 << 10, replace(rows, stream=False))
     assert any(k.op == "ternary_stream" for k in set(res) | set(st))
     assert not any(k.op == "ternary_stream" for k in set(res_off) | set(st_off))
     units = lambda *ws: sum(v.units for w in ws for k, v in w.items() if k.op.startswith("ternary"))  # noqa: E731
@@ -182,18 +183,21 @@ def test_inventory_prices_the_4_row_pass_where_the_engine_does_not_stream():
 
 
 def test_inventory_streams_only_long_rows_of_streamed_pools():
+    from dataclasses import replace
+
     from tern.kernels.policy import STREAM_MAX_ROW_BYTES
 
+    rows = replace(CURRENT_POLICY, blocked=False)  # the blocked16 layout never streams
     cfg = load_config("sandbox").replace(d_model=1024, n_heads=8)  # 256 B rows of D, 512 B of Di
-    plain, _, _, _ = work_inventory(cfg)
+    plain, _, _, _ = work_inventory(cfg, policy=rows)
     assert not any(k.op == "ternary_stream" for k in plain)
-    res, st, _, _ = work_inventory(cfg, None, 1 << 10)
+    res, st, _, _ = work_inventory(cfg, None, 1 << 10, rows)
     keys = set(res) | set(st)
     assert any(k.op == "ternary_stream" for k in keys) and any(k.op == "ternary_matvec" for k in keys)
     weights = lambda w, p: sum(v.units for k, v in w.items() if k.op.startswith(p))  # noqa: E731
     assert weights(res, "ternary_stream") + weights(res, "ternary_matvec") == weights(plain, "ternary_matvec")
     wide = load_config("sandbox").replace(d_model=8 * STREAM_MAX_ROW_BYTES, n_heads=8)  # rows past the max
-    res_w, _, _, _ = work_inventory(wide, None, 1 << 10)
+    res_w, _, _, _ = work_inventory(wide, None, 1 << 10, rows)
     assert not any(k.op == "ternary_stream" for k in res_w)  # every ternary row is longer than the max
 
 

@@ -39,7 +39,7 @@ def _host(phase_cost=True, threads=(1, 2)):
 def test_policy_region_fields_validate_and_old_records_read_as_per_matrix():
     assert CURRENT_POLICY.region and not LEGACY_POLICY.region and not PER_MATRIX_POLICY.region
     # as written before the region fields, plus router_int8 (today's engine reads int8 routers as int8)
-    assert PER_MATRIX_POLICY.to_dict() == {"par_min_weights": 1 << 20, "router_int8": True}
+    assert PER_MATRIX_POLICY.to_dict() == {"par_min_weights": 1 << 20, "router_int8": True, "blocked": True}
     assert EnginePolicy(router_int8=False).to_dict() == {"par_min_weights": 1 << 20}
     assert EnginePolicy.of_record({"engine_policy": PER_MATRIX_POLICY.to_dict()}) == PER_MATRIX_POLICY
     d = REGION.to_dict()
@@ -98,8 +98,8 @@ def test_items_keys_price_and_print():
         WorkKey("a", "items", -1)
     # an item's call is paid by each thread at once: once per matrix; the rest halves
     host = _host()
-    serial = work_inventory(load_config("sandbox"), policy=PER_MATRIX_POLICY)[0][WorkKey("ternary_matvec")]
-    w = {WorkKey("ternary_matvec", "items", 64): serial}
+    serial = work_inventory(load_config("sandbox"), policy=PER_MATRIX_POLICY)[0][WorkKey("ternary_blocked")]
+    w = {WorkKey("ternary_blocked", "items", 64): serial}
     one, two = work_seconds(w, host, 1), work_seconds(w, host, 2)
     calls = next(iter(w.values())).calls
     assert two == pytest.approx((one - calls * 1e-7) / 2 + calls * 1e-7)

@@ -112,13 +112,13 @@ def test_curve_validation_and_lookup():
     assert op_curve_for([c], "ternary_matvec", "serial", 4) is c
     assert op_curve_for([c], "ternary_matvec", "rows", 2) is None
     plan = curve_plan((1, 2))
-    assert len(plan) == 22 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
+    assert len(plan) == 27 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
     # the engine's router kernel: one serial curve (the one-region step's router items are single-thread calls)
     assert [(s, t) for op, s, t, _ in plan if op == "router_int8"] == [("serial", 1)]
     # the smaller and row-heavy shapes come after every main shape (an older reader takes the first curve)
     small = [i for i, (op, _, _, shape) in enumerate(plan) if shape == SMALL_CURVE_SHAPES.get(op)]
     rowy = [i for i, (op, _, _, shape) in enumerate(plan) if shape == ROWY_CURVE_SHAPES.get(op)]
-    assert len(small) == 6 and min(small) == len(plan) - 8
+    assert len(small) == 8 and min(small) == len(plan) - 10
     assert [plan[i][1] for i in rowy] == ["serial", "experts"] and min(rowy) == len(plan) - 2
     assert not any(shape == ROWY_CURVE_SHAPES.get(op) for op, _, _, shape in curve_plan((1, 2), quick=True))
 

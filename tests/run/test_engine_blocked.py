@@ -37,7 +37,7 @@ if TWO:
 def test_blocked_layout_gives_the_stored_rows_logits(small_file, kw):
     """SMALL has d_model 48 and 24 / 20 / 40 hidden units: rows and columns that are not multiples of 16."""
     tokens = np.arange(16) * 7 % SMALL.vocab_size
-    ref = _logits(Engine(small_file, **kw), tokens)
+    ref = _logits(Engine(small_file, layout="rows", **kw), tokens)
     eng = Engine(small_file, layout="blocked16", **kw)
     assert eng.G[ops.G_BLOCKED] == 1 and eng.G[ops.N_GLOBALS + ops.G_BLOCKED] == 1
     assert eng.describe()["layout"] == "blocked16"
@@ -51,17 +51,17 @@ def test_wider_model_and_b3_file(tmp_path):
     path = random_model(cfg, tmp_path / "wide.tern", seed=2, progress=False)
     tokens = np.arange(10) * 5 % cfg.vocab_size
     for kw in ([dict(), dict(threads=2)] if TWO else [dict()]):
-        assert np.array_equal(_logits(Engine(path, layout="blocked16", **kw), tokens), _logits(Engine(path, **kw), tokens))
+        assert np.array_equal(_logits(Engine(path, layout="blocked16", **kw), tokens), _logits(Engine(path, layout="rows", **kw), tokens))
     b3 = SMALL.replace(mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3")
     bpath = random_model(b3, tmp_path / "b3.tern", seed=3, progress=False)
     eng = Engine(bpath, layout="blocked16")
     assert eng.b3 == "expand" and not eng.describe()["b3_direct"]
-    assert np.array_equal(_logits(eng, tokens % b3.vocab_size), _logits(Engine(bpath, b3="expand"), tokens % b3.vocab_size))
+    assert np.array_equal(_logits(eng, tokens % b3.vocab_size), _logits(Engine(bpath, b3="expand", layout="rows"), tokens % b3.vocab_size))
 
 
 def test_every_row_matrix_is_re_packed_once(small_file):
     """aux grows by the blocked bytes of every row-oriented ternary matrix (experts one by one), no more."""
-    rows = Engine(small_file, act_skip=True)
+    rows = Engine(small_file, act_skip=True, layout="rows")
     blk = Engine(small_file, act_skip=True, layout="blocked16")
     c = SMALL
     want = 0
@@ -86,6 +86,46 @@ def test_layout_errors(small_file):
         Engine(small_file, layout="blocked16", kernel="fp32")
     with pytest.raises(ValueError, match="b3='expand'"):
         Engine(small_file, layout="blocked16", b3="direct")
+
+
+def test_layout_auto_is_the_default_and_blocked_where_simd(small_file):
+    from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
+
+    eng = Engine(small_file)
+    assert eng.layout == ("blocked16" if HAS_BLOCK_SIMD else "rows") == eng.describe()["layout"]
+    assert Engine(small_file, kernel="fp32").layout == "rows"
+
+
+def test_weights_copy_leaves_the_re_packed_matrices_unwritten(small_file):
+    """weights="copy" skips the file's packed bytes of every matrix the engine re-packed into aux (zero,
+    never resident), copies the rest; the logits stay those of the mapped file."""
+    tokens = np.arange(8) * 5 % SMALL.vocab_size
+    blk = Engine(small_file, layout="blocked16", weights="copy")
+    rows = Engine(small_file, layout="rows", weights="copy")
+    src = blk.model.buffer
+    unread = [k for k in blk.model.tensors if k.endswith(".packed") and "down" not in k]  # rows: re-packed
+    assert unread
+    for k in blk.model.tensors:
+        lo, hi = blk.model.offsets[k], blk.model.offsets[k] + blk.model.tensors[k].nbytes
+        if k in unread:
+            assert not blk.buf[lo:hi].any(), k
+        elif not k.endswith(".packed"):
+            assert np.array_equal(blk.buf[lo:hi], src[lo:hi]), k
+    assert np.array_equal(rows.buf, src)  # nothing re-packed: the whole file
+    mapped = Engine(small_file, layout="blocked16", weights="map")
+    assert np.array_equal(_logits(blk, tokens), _logits(mapped, tokens))
+
+
+def test_huge_page_copy_skip_ranges_are_checked():
+    from tern.run.weights import huge_page_copy
+
+    src = np.arange(100, dtype=np.uint8)
+    out = huge_page_copy(src, [(50, 60), (10, 20)])
+    assert not out[10:20].any() and not out[50:60].any()
+    keep = np.r_[0:10, 20:50, 60:100]
+    assert np.array_equal(out[keep], src[keep])
+    with pytest.raises(ValueError, match="not inside"):
+        huge_page_copy(src, [(90, 120)])
 
 
 def test_aux_buffer_is_on_huge_pages_when_large():
