@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tern.core.config import ModelConfig, param_counts, tensor_specs
 from tern.core.formats import tensor_bytes
@@ -115,6 +115,8 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
     add("fp32", 2.0 * (g.get("mixer_aux", 0) + g.get("norm", 0))
         + 6.0 * n_ssm * cfg.d_inner * cfg.d_state + 4.0 * n_attn * cfg.d_model * window)
     st_ops = {cfg.expert_format: 2.0 * pc.streamed.params} if pc.streamed.params else {}
+    if engine_policy.blocked and b3_read_as_stored(cfg, "auto", llc_bytes):  # layout "auto" then reads rows
+        engine_policy = replace(engine_policy, blocked=False)
     res_work, st_work, skip_res, skip_st = work_inventory(cfg, context, llc_bytes, engine_policy)
     table = (not engine_policy.router_int8) if router_table is None else router_table
     extra_res, extra_st = engine_extra_bytes(cfg, llc_bytes=llc_bytes, router_int8=not table)
@@ -122,6 +124,13 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
                    pc.state_bytes, pc.kv_bytes(context, cfg), pc.total.bytes, pc.total.params,
                    pc.active.params, res_ops, st_ops, res_work, st_work,
                    min(skip_res, pc.resident.bytes), min(skip_st, pc.streamed.bytes))
+
+
+def b3_read_as_stored(cfg: ModelConfig, b3: str = "auto", llc_bytes: int | None = None) -> bool:
+    """Does the engine (its ``b3`` option; "auto": tern.kernels.policy.b3_direct with ``llc_bytes``) read
+    ``cfg``'s base-3 matrices as stored? False for a model without any."""
+    return any(s.format == "ternary_b3" for s in tensor_specs(cfg)) and (
+        b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes)))
 
 
 def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "auto",
@@ -140,9 +149,7 @@ def engine_extra_bytes(cfg: ModelConfig, dense16: str = "direct", b3: str = "aut
     expand = dense16 == "expand"
     res = st = 0
     specs = tensor_specs(cfg)
-    # the engine's b3 choice, decided only for a model that has base-3 matrices
-    b3_stored = any(s.format == "ternary_b3" for s in specs) and (
-        b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes)))
+    b3_stored = b3_read_as_stored(cfg, b3, llc_bytes)
     for s in specs:
         if s.group in ("embed", "head") and s.format in ("fp16", "bf16") and expand:
             V, D = s.shape

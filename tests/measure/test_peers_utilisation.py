@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tern.core.config import ModelConfig, param_counts, tensor_specs
+from tern.core.config import ModelConfig, load_config, param_counts, tensor_specs
 from tern.measure.utilisation import (
     NO_PROFILE,
     decode_utilisation,
@@ -107,3 +107,20 @@ def test_engine_bytes_follow_the_engines_b3_choice():
     assert engine_bytes_per_token(b3) == base + grow  # auto, LLC unknown: expanded (the engine's choice too)
     with pytest.raises(ValueError, match="b3"):
         engine_bytes_per_token(b3, b3="packed")
+
+
+def test_two_pool_prices_the_rows_where_the_engine_reads_base3_as_stored():
+    """Layout "auto" runs the blocked16 pass unless the engine reads base-3 rows as stored: the
+    pools price op ternary_blocked for a cache-resident b3 model (expanded, re-packed), the 4-row
+    pass for the same model beyond the LLC (b3 direct)."""
+    from tern.kernels.policy import B3_DIRECT_MIN_COLS, CURRENT_POLICY
+    from tern.predict.pools import b3_read_as_stored, two_pool
+
+    b3 = ModelConfig(name="b3", vocab_size=64, d_model=B3_DIRECT_MIN_COLS, n_layers=1, attn_layers=(0,),
+                     n_heads=16, mlp_hidden=B3_DIRECT_MIN_COLS, activation="silu", mixer_format="ternary_b3",
+                     mlp_format="ternary_b3", embed_format="fp32", head_format="fp32", tie_embeddings=False)
+    ops = lambda llc: {k.op for k in two_pool(b3, llc_bytes=llc, engine_policy=CURRENT_POLICY).resident_work}  # noqa: E731
+    assert not b3_read_as_stored(b3, "auto", 1 << 40) and b3_read_as_stored(b3, "auto", 1 << 20)
+    assert "ternary_blocked" in ops(1 << 40) and "ternary_matvec" not in ops(1 << 40)
+    assert "ternary_blocked" not in ops(1 << 20) and ops(1 << 20) & {"ternary_matvec", "ternary_stream"}
+    assert not b3_read_as_stored(load_config("sandbox"), "direct")  # no base-3 matrices
