@@ -271,6 +271,11 @@ def _make_block_pass(isa, ahead=0):
 
 
 HAS_BLOCK_SIMD = ROW_DOT_ISA != "none"
+# Engine(layout="auto") re-packs into this layout where the pass has an AVX-512 form. Its AVX2 form (two 8-row
+# halves; numba compiling for Haswell on the Zen 4 VM, session 43, benchmarks/op_breakdown.py --compare, two runs):
+# faster at 1 thread (the 30m sweep model 1.35 / 1.08x, the ~250 MB-active model 1.05 / 1.12x) but the DRAM-bound
+# model at 2 threads 0.86 / 0.87x the 4-row pass, so AVX2-only CPUs keep the rows layout by default until measured
+BLOCKED_BY_DEFAULT = ROW_DOT_ISA.startswith("avx512")
 _BLOCK_ISA = ROW_DOT_ISA if HAS_BLOCK_SIMD else "avx2"
 block_pass = _make_block_pass(_BLOCK_ISA)
 block_pass_pf = _make_block_pass(_BLOCK_ISA, PREFETCH_MIN_BYTES)

@@ -23,7 +23,7 @@ import numpy as np
 
 from tern.kernels import ops
 from tern.kernels.cache_guard import drop_stale_cache
-from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
+from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 from tern.kernels.kernels_stored import dense_row, f32
 from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
 from tern.kernels.ops import (
@@ -117,7 +117,7 @@ S_MIX, S_FFN, S_HID = 0, 1, 2
 
 
 def run_policy(par_min_weights: int, region_params=None, stream_prefetch: bool = True,
-               stream: bool = True, blocked: bool = HAS_BLOCK_SIMD) -> EnginePolicy:
+               stream: bool = True, blocked: bool = BLOCKED_BY_DEFAULT) -> EnginePolicy:
     """The EnginePolicy an engine runs with (recorded with its measurements, so that the
     predictor prices its splits): the per-matrix step's ``par_min_weights``; with the
     region's parameters (``Engine.region_params``, None: no region) the one-region step;

@@ -272,17 +272,17 @@ def b3_direct(cfg: ModelConfig, llc_bytes: int | None) -> bool:
 
 B3_MODES = ("auto", "direct", "expand")  # the engine's b3 option (tern.run.engine)
 # the engine's layout option: row-oriented ternary2 matrices as stored, or in 16-row blocks (tern.kernels.kernels_blocked);
-# "auto" (the default): blocked16 where it applies (:func:`layout_mode`)
+# "auto" (the default): blocked16 where it applies (:func:`layout_and_b3`)
 LAYOUTS = ("rows", "blocked16")
 LAYOUT_MODES = ("auto",) + LAYOUTS
 
 
 def layout_and_b3(layout: str, b3: str, kernel: str, cfg: ModelConfig, llc_bytes: int | None, packing: dict,
-                  block_simd: bool) -> tuple[str, str, bool]:
+                  blocked_here: bool) -> tuple[str, str, bool]:
     """The engine's ``layout`` and ``b3`` options resolved: ``(layout, b3 mode, b3 direct)`` (the last
     two as :func:`b3_mode`). ``layout="auto"`` is "blocked16" for the ternary kernel on a CPU where the
-    blocked pass has its SIMD form (``block_simd``: AVX2 or AVX-512,
-    tern.kernels.kernels_blocked.HAS_BLOCK_SIMD) unless the file's base-3 rows are read as stored
+    blocked pass has its AVX-512 form (``blocked_here``: tern.kernels.kernels_blocked.BLOCKED_BY_DEFAULT,
+    which says why not on AVX2-only CPUs yet) unless the file's base-3 rows are read as stored
     (b3 direct), else "rows"; "blocked16" re-packs ternary2 rows, so its ``b3="auto"`` expands. Same-run
     A/B on the AMD EPYC Zen 4 VM (session 42, benchmarks/README "A row-blocked layout"): 1.31-1.45x
     tok/s at 1 thread from 4M to 206M params, 1.07-1.26x on DRAM-bound models, logits identical.
@@ -297,7 +297,7 @@ def layout_and_b3(layout: str, b3: str, kernel: str, cfg: ModelConfig, llc_bytes
         b3 = "expand" if b3 == "auto" else b3
     mode, direct = b3_mode(b3, kernel, cfg, llc_bytes, packing)
     if layout == "auto":
-        layout = "blocked16" if kernel == "ternary" and not direct and block_simd else "rows"
+        layout = "blocked16" if kernel == "ternary" and not direct and blocked_here else "rows"
     return layout, mode, direct
 
 

@@ -112,8 +112,7 @@ def _drivers() -> dict[str, Callable]:
 
     @numba.njit(cache=True)
     def blocked(P, order, S, xq, out, passes, par):
-        """P (k, blocks, bytes per block) in the blocked16 layout, every matrix once per pass in
-        ``order``; one thread prefetches on into the matrix read next, as the engine's step does."""
+        """P (k, blocks, bytes per block): every matrix once per pass in ``order``, chained as the engine's step."""
         xs = np.float32(0.01)
         n = order.shape[0]
         for _ in range(passes):
@@ -195,7 +194,8 @@ def _drivers() -> dict[str, Callable]:
                     kd.matvec_fp32_nb(W[m], x, out)
 
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "ternary_experts": ternary_experts, "blocked": blocked, "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32}
+    return {"ternary": ternary, "ternary_experts": ternary_experts, "blocked": blocked,
+            "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32}
 
 
 @lru_cache(maxsize=1)

@@ -13,7 +13,7 @@ ternary_matvec     kernels_ternary.ternary_matvec(_par)                  call + 
 ternary_stream     kernels_ternary.ternary_matvec_stream(_par) (one row    call + row x rows + unit x weights
                    per pass: long rows of DRAM-resident pools)
 ternary_blocked    kernels_blocked.blocked16_matvec(_next/_par): the      call + row x rows + unit x weights
-                   blocked16 layout (Engine(layout="auto") on AVX2+)
+                   blocked16 layout (Engine(layout="auto") on AVX-512)
 ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
                    nonzero (skipped inputs cost nothing; the per-output
                    cost is the accumulator set-up and scaling)

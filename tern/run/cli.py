@@ -38,7 +38,7 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
                         "one region per token (the same text; the default is faster on small models)")
     p.add_argument("--layout", choices=LAYOUT_MODES, default="auto",
                    help="ternary matrices in memory: rows as stored, or re-packed at load into 16-row blocks "
-                        "read as one stream (faster; the same text); auto (default): blocked16 on CPUs with AVX2")
+                        "read as one stream (faster; the same text); auto (default): blocked16 on CPUs with AVX-512")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 

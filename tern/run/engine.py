@@ -69,7 +69,7 @@ import numpy as np
 from tern.core.config import tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
-from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
+from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
@@ -152,7 +152,7 @@ class Engine:
         self.dense16 = dense16
         self.llc_bytes = llc_bytes_here(tuned)  # its rules' LLC: the probe's (a VM's slice of a big L3), else the OS's
         self.layout, self.b3, self._b3_direct = layout_and_b3(layout, b3, kernel, self.cfg, self.llc_bytes,
-                                                              self.model.packing, HAS_BLOCK_SIMD)
+                                                              self.model.packing, BLOCKED_BY_DEFAULT)
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
         if weights == "auto":

@@ -109,13 +109,13 @@ def test_blocked_layout_is_recorded_and_old_records_read_rows():
         EnginePolicy(blocked=1)
 
 
-def test_layout_auto_is_blocked_where_the_blocked_pass_has_simd():
+def test_layout_auto_is_blocked_where_the_blocked_pass_is_the_default():
     from tern.kernels.policy import layout_and_b3
 
     cfg = load_config("sandbox")
     b3_file = {"x": {"format": "ternary_b3"}}
     assert layout_and_b3("auto", "auto", "ternary", cfg, None, {}, True) == ("blocked16", "expand", False)
-    assert layout_and_b3("auto", "auto", "ternary", cfg, None, {}, False)[0] == "rows"  # no SIMD form
+    assert layout_and_b3("auto", "auto", "ternary", cfg, None, {}, False)[0] == "rows"  # not the default here (AVX2)
     assert layout_and_b3("auto", "auto", "fp32", cfg, None, {}, True)[0] == "rows"
     assert layout_and_b3("auto", "direct", "ternary", cfg, None, b3_file, True) == ("rows", "direct", True)
     assert layout_and_b3("blocked16", "auto", "ternary", cfg, 1, b3_file, False) == ("blocked16", "expand", False)

@@ -89,10 +89,10 @@ def test_layout_errors(small_file):
 
 
 def test_layout_auto_is_the_default_and_blocked_where_simd(small_file):
-    from tern.kernels.kernels_blocked import HAS_BLOCK_SIMD
+    from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 
     eng = Engine(small_file)
-    assert eng.layout == ("blocked16" if HAS_BLOCK_SIMD else "rows") == eng.describe()["layout"]
+    assert eng.layout == ("blocked16" if BLOCKED_BY_DEFAULT else "rows") == eng.describe()["layout"]
     assert Engine(small_file, kernel="fp32").layout == "rows"
 
 
