@@ -129,6 +129,8 @@ def two_pool(cfg: ModelConfig, context: int | None = None, llc_bytes: int | None
 def b3_read_as_stored(cfg: ModelConfig, b3: str = "auto", llc_bytes: int | None = None) -> bool:
     """Does the engine (its ``b3`` option; "auto": tern.kernels.policy.b3_direct with ``llc_bytes``) read
     ``cfg``'s base-3 matrices as stored? False for a model without any."""
+    if "ternary_b3" not in (cfg.mixer_format, cfg.mlp_format, cfg.expert_format):  # no base-3 group: none
+        return False
     return any(s.format == "ternary_b3" for s in tensor_specs(cfg)) and (
         b3 == "direct" or (b3 == "auto" and b3_direct(cfg, llc_bytes)))
 

@@ -29,8 +29,7 @@ matrix too (:data:`SMALL_CURVE_SHAPES`), serial and expert-parallel: from the tw
 each call's time at the op's own matrix size, so a per-call stall (a cold prefetch stream at every matrix)
 is measured, not folded into a per-weight rate (tern.predict.inventory.curve_stall). The 4-row pass has a
 third, row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a per-row term
-is measured at every working set too. The weights are mapped from a file, as the engine maps a model
-(:class:`CurveBuffer`).
+is measured at every working set too. The weights are mapped from a file, as the engine maps (:class:`CurveBuffer`).
 """
 
 from __future__ import annotations
@@ -95,8 +94,9 @@ QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 
 def _weight_bytes(op: str, rows: int, cols: int) -> int:
     """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
-    if op == "ternary_blocked":  # rows and columns padded to 16
-        return 16 * ((rows + 15) // 16) * ((cols + 15) // 16 * 4)
+    if op == "ternary_blocked":  # rows and columns padded to 16 (imported here: it builds numba intrinsics)
+        from tern.kernels.kernels_blocked import blocked16_bytes
+        return blocked16_bytes(rows, cols)
     if op.startswith("ternary"):
         return rows * ((cols + 3) // 4)
     return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 4)
@@ -254,13 +254,13 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
     par = split == "rows"
     order = rng.permutation(n_mats).astype(np.int64)  # routed experts come in no useful order
     if op == "ternary_blocked":
-        P = buf.view(np.uint8, (n_mats, (r + 15) // 16, _weight_bytes(op, r, c) // ((r + 15) // 16)))
+        from tern.kernels.kernels_blocked import blocked16_shape
+        P = buf.view(np.uint8, (n_mats, *blocked16_shape(r, c)))
         xq, S = rng.integers(-127, 128, c).astype(np.int8), np.ones(r, f32)
+        outs = np.zeros((threads, r), f32)  # an output per thread slot (serial: the first)
         if split == "experts":
-            outs = np.zeros((threads, r), f32)
             return lambda n: d["blocked_experts"](P, order, S, xq, outs, n)
-        out = np.zeros(r, f32)
-        return lambda n: d["blocked"](P, order, S, xq, out, n, par)
+        return lambda n: d["blocked"](P, order, S, xq, outs[0], n, par)
     if op.startswith("ternary"):
         rb = (c + 3) // 4
         P = buf.view(np.uint8, (n_mats, r, rb))
