@@ -128,6 +128,89 @@ def float_row_dot(kind: str):
 row_dot_fp32, row_dot_fp16, row_dot_bf16, row_dot_int8 = (float_row_dot(k) for k in ("fp32", "fp16", "bf16", "int8"))
 
 
+# ---- column blocks: a matvec with no horizontal sums -----------------------------------------
+COLUMN_BLOCK = 64  # outputs per block of :func:`column_blocks` (4 vectors of DOT_LANES float32 lanes)
+
+
+def column_blocks(W: np.ndarray, block: int = COLUMN_BLOCK) -> np.ndarray:
+    """W (rows, cols) -> (ceil(rows / block), cols, block), C-contiguous: block b holds rows
+    b * block .. b * block + block - 1 transposed (column c of those rows as ``block`` contiguous
+    values), the rows past ``rows`` zero; float16 as its uint16 bits. The layout the block matvecs
+    (:func:`float_block_matvec`) read as one stream."""
+    if W.ndim != 2:
+        raise ValueError(f"column_blocks needs a 2-D matrix, got shape {W.shape}")
+    W = W.view(np.uint16) if W.dtype == np.float16 else W
+    nb = -(-W.shape[0] // block)
+    out = np.zeros((nb * block, W.shape[1]), W.dtype)
+    out[:W.shape[0]] = W
+    return np.ascontiguousarray(out.reshape(nb, block, W.shape[1]).transpose(0, 2, 1))
+
+
+def float_block_matvec(kind: str):
+    """An intrinsic ``f(Wb, b, x, acc)``: acc[j] = sum_c Wb[b, c, j] * x[c] for j < COLUMN_BLOCK,
+    Wb (blocks, cols, COLUMN_BLOCK) C-contiguous float32 (``kind`` "fp32") or uint16 bits of fp16
+    (:func:`column_blocks` of a (rows, cols) matrix), x (>= cols,) and acc (COLUMN_BLOCK,) float32.
+    Every output has its own lane, so nothing is summed across lanes: two sets of
+    COLUMN_BLOCK / DOT_LANES vector accumulators take the even and the odd columns (products
+    contracted into FMAs, 8 independent chains), added once at the end. The SSM's dt projection
+    (Di x R, R = 160 on the d2560 10B picks) read as stored, one dot per channel, spent most of its
+    time in the 32-cycle lane sum of each row: AMD EPYC Zen 4, 1 thread, 5120 x 160 fp16 51.6 us
+    a call -> see benchmarks/README ("The scan's dt projection in column blocks")."""
+    wdt = {"fp32": types.float32}.get(kind, types.uint16)
+    item = {"fp32": 4}.get(kind, 2)
+    nvec = COLUMN_BLOCK // DOT_LANES
+
+    def codegen(context, builder, signature, args):
+        wa = context.make_array(signature.args[0])(context, builder, args[0])
+        xa = context.make_array(signature.args[2])(context, builder, args[2])
+        aa = context.make_array(signature.args[3])(context, builder, args[3])
+        b = context.cast(builder, args[1], signature.args[1], types.int64)
+        s0, s1, _ = cgutils.unpack_tuple(builder, wa.strides)
+        cols = cgutils.unpack_tuple(builder, wa.shape)[1]
+        blk = builder.gep(builder.bitcast(wa.data, ir.PointerType(ir.IntType(8))), [builder.mul(b, s0)])
+        xp = builder.bitcast(xa.data, ir.PointerType(_F32))
+        vty = ir.VectorType(_F32, DOT_LANES)
+        zero = ir.Constant(vty, [0.0] * DOT_LANES)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nvec)] for _ in range(2)]
+
+        def column(c, acc):  # acc[m] += Wb[b, c, 16m ..] * x[c]
+            xv = builder.insert_element(ir.Constant(vty, None), builder.load(builder.gep(xp, [c])), ir.Constant(_I32, 0))
+            xv = builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(_I32, DOT_LANES), [0] * DOT_LANES))
+            row = builder.gep(blk, [builder.mul(c, s1)])
+            for m in range(nvec):
+                w = _widen(builder, builder.gep(row, [ir.Constant(_I64, m * DOT_LANES * item)]), kind)
+                builder.store(builder.fadd(builder.load(acc[m]), builder.fmul(w, xv, flags=["contract"]),
+                                           flags=["contract"]), acc[m])
+
+        npair = builder.sdiv(cols, ir.Constant(_I64, 2))
+        with cgutils.for_range(builder, npair) as loop:
+            c = builder.mul(loop.index, ir.Constant(_I64, 2))
+            column(c, accs[0])
+            column(builder.add(c, ir.Constant(_I64, 1)), accs[1])
+        with builder.if_then(builder.icmp_signed("!=", builder.mul(npair, ir.Constant(_I64, 2)), cols)):
+            column(builder.sub(cols, ir.Constant(_I64, 1)), accs[0])
+        ap = builder.bitcast(aa.data, ir.PointerType(_F32))
+        for m in range(nvec):
+            tot = builder.fadd(builder.load(accs[0][m]), builder.load(accs[1][m]))
+            builder.store(tot, builder.bitcast(builder.gep(ap, [ir.Constant(_I64, m * DOT_LANES)]), ir.PointerType(vty)),
+                          align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block_matvec(typingctx, Wb, b, x, acc):
+        if not (isinstance(Wb, types.Array) and Wb.ndim == 3 and Wb.dtype == wdt and Wb.layout == "C"
+                and isinstance(b, types.Integer)
+                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
+                and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32 and acc.layout == "C"):
+            return None
+        return types.none(Wb, b, x, acc), codegen
+
+    return block_matvec
+
+
+block_matvec_fp32, block_matvec_fp16 = float_block_matvec("fp32"), float_block_matvec("fp16")
+
+
 @njit(cache=True, inline="always")
 def _dot_fp32(W, x, r):
     """sum_c W[r, c] * x[c] (:func:`float_row_dot`'s order)."""

@@ -336,12 +336,12 @@ def _skip_segments(packed_t, idx, qq, qsum, row_scale, x_scale, out, s0, s1):
         g = SEG_BYTES if seg < nfull else packed_t.shape[1] - nfull * SEG_BYTES
         for h in range((g + SKIP_CHUNK_BYTES - 1) // SKIP_CHUNK_BYTES):
             h0 = h * SKIP_CHUNK_BYTES
-            for k in range(4):
-                for j in range(min(SKIP_CHUNK_BYTES, g - h0)):
-                    d = seg * SEG_COLS + g * k + h0 + j
-                    if d < rows:
-                        v = np.int32(acc[seg - s0, h, k * SKIP_CHUNK_BYTES + j] - qsum)
-                        out[d] = row_scale[d] * x_scale * np.float32(v)
+            for k in range(4):  # outputs d0 .. d0 + n - 1 (the padding past ``rows`` dropped), contiguous: vectorised
+                d0 = seg * SEG_COLS + g * k + h0
+                n = max(0, min(SKIP_CHUNK_BYTES, g - h0, rows - d0))
+                a, o, r = acc[seg - s0, h, k * SKIP_CHUNK_BYTES:k * SKIP_CHUNK_BYTES + n], out[d0:d0 + n], row_scale[d0:d0 + n]
+                for j in range(n):
+                    o[j] = r[j] * x_scale * np.float32(np.int32(a[j] - qsum))
 
 
 @numba.njit(cache=True)

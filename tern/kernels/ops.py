@@ -24,7 +24,7 @@ import numpy as np
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec_next, blocked16_matvec_par
-from tern.kernels.kernels_dense import matvec_fp32_nb, matvec_fp32_parallel_nb
+from tern.kernels.kernels_dense import COLUMN_BLOCK, matvec_fp32_nb, matvec_fp32_parallel_nb
 from tern.kernels.kernels_stored import (  # noqa: F401  (u8, f32, matvec_int8w*: also this module's API)
     DENSE_FP16,
     FASTMATH,
@@ -393,15 +393,15 @@ def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, h
 @numba.njit(cache=True)
 def scan_channels(buf, aux, G, T, l, hT, dbc, uc, z, dt, y, c0, c1):
     """selective_scan_step of layer l's channels c0..c1-1 on its tensors: the dt projection (Di, R)
-    read as stored (fp32, or fp16 by G_DT_KIND), A as -exp(A_log) transposed at load (N, Di)."""
-    Di, N, R = G[G_DI], G[G_N], G[G_R]
+    in column blocks, re-packed at load (fp32, or fp16 by G_DT_KIND), A as -exp(A_log) transposed at load (N, Di)."""
+    Di, N, R, nb = G[G_DI], G[G_N], G[G_R], (G[G_DI] + COLUMN_BLOCK - 1) // COLUMN_BLOCK
     dtb, Dp = f32(buf, aux, T[l, F_DT_B], Di), f32(buf, aux, T[l, F_D], Di)
     AT = f32(buf, aux, T[l, F_A], N * Di).reshape(N, Di)
     if G[G_DT_KIND] == DENSE_FP16:
-        dtw16 = u8(buf, aux, T[l, F_DT_W], 2 * Di * R).view(np.uint16).reshape(Di, R)
+        dtw16 = u8(buf, aux, T[l, F_DT_W], 2 * nb * R * COLUMN_BLOCK).view(np.uint16).reshape(nb, R, COLUMN_BLOCK)
         selective_scan_step(dtw16, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
     else:
-        dtw = f32(buf, aux, T[l, F_DT_W], Di * R).reshape(Di, R)
+        dtw = f32(buf, aux, T[l, F_DT_W], nb * R * COLUMN_BLOCK).reshape(nb, R, COLUMN_BLOCK)
         selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, c0, c1)
 
 

@@ -391,11 +391,11 @@ def _emit_skip_chunk(context, builder, sig, args, isa, width):
             phi.add_incoming(a, bb_full)
             phi.add_incoming(b, bb_part)
             pvs.append(phi)
+        inter = _interleave4(builder, pvs, width)  # the 4 rows' bytes once; (lane >> 2k) & 3: group k's codes
         for k in range(4):
-            codes = [_codes(builder, pv, k, vbytes) for pv in pvs]
-            for m, inter in enumerate(_interleave4(builder, codes, width)):
+            for m, iv in enumerate(inter):
                 a = accs[k][m]
-                builder.store(_skip_dot(builder, isa, builder.load(a), inter, qv), a)
+                builder.store(_skip_dot(builder, isa, builder.load(a), _codes(builder, iv, k, _V64I8), qv), a)
     for k in range(4):
         for m in range(nm):
             ptr = builder.gep(acc_ptr, [ir.Constant(_I64, k * width + 16 * m)])

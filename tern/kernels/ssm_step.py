@@ -12,10 +12,15 @@ from numba.extending import overload
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
+from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec_fp16, block_matvec_fp32
 from tern.kernels.kernels_stored import JIT, f16_to_f32
-from tern.kernels.prefetch import PREFETCH_STAMP, prefetch_row, rows_ahead
 
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
+
+
+def dt_block(Wb, b, x, acc):  # pragma: no cover - numba resolves it through the overload below
+    """acc = block b of the column-blocked matrix Wb times x (kernels_dense.float_block_matvec)."""
+    raise NotImplementedError("dt_block runs inside numba-compiled code only")
 
 
 def stored_f32(w):  # pragma: no cover - numba resolves it through the overload below
@@ -78,25 +83,31 @@ def causal_conv(cw, cb, tail, u, uc):
         tail[K - 2, :] = u
 
 
+@overload(dt_block, inline="always")
+def _dt_block(Wb, b, x, acc):
+    if Wb.dtype == types.float32:
+        return lambda Wb, b, x, acc: block_matvec_fp32(Wb, b, x, acc)
+    if Wb.dtype == types.uint16:
+        return lambda Wb, b, x, acc: block_matvec_fp16(Wb, b, x, acc)
+    return None
+
+
 @numba.njit(**JIT)
 def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     """One selective-scan step (docs/MODEL.md) of channels i0..i1-1 (0, Di: all; the one-region
-    step splits them), on contiguous views so every loop vectorises: dt = softplus(dt_proj.weight
-    @ dtl + bias); h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z). dtw (Di, R) as
-    stored (a dot per channel, one sequential read: x1.5 from DRAM over an (R, Di) copy): float32, or
-    uint16 holding fp16 (ModelConfig.dt_format; widened exactly, the same sums), AT, hT (N, Di).
-    Its rows are prefetched 8 KB ahead into L2 (same sums): the fp32 projection is most of the step's
-    bytes, and from DRAM its dots waited on each row (Intel Xeon VM, Di 4096, R 128, 1 thread: 281-292
-    -> 248-268 us a call; benchmarks/README, "The scan's dt projection")."""
+    step splits them at multiples of COLUMN_BLOCK), on contiguous views so every loop vectorises:
+    dt = softplus(dt_proj.weight @ dtl + bias); h = exp(dt A) h + (dt uc) B; y = (h @ C + D uc) * silu(z).
+    dtw is the (Di, R) projection in column blocks (tern.kernels.kernels_dense.column_blocks: (ceil(Di / 64),
+    R, 64), re-packed at load), float32 or uint16 holding fp16 (ModelConfig.dt_format; widened exactly):
+    one sequential stream with no lane sums (its dots as stored, one per channel, took most of the step:
+    benchmarks/README, "The scan's dt projection in column blocks"). AT, hT (N, Di)."""
     N, R, m = AT.shape[0], dtw.shape[1], i1 - i0
     dtv, yv, ucv = dt[i0:i1], y[i0:i1], uc[i0:i1]  # (a 2-D column slice or a loop from i0 > 0: 3-4x slower)
-    ahead = rows_ahead(dtw)
-    for i in range(m):
-        prefetch_row(dtw, i0 + i + ahead, i1)
-        s, w = dtb[i0 + i], dtw[i0 + i]
-        for r in range(R):
-            s += stored_f32(w[r]) * dbc[r]
-        dtv[i] = s
+    acc = np.empty(COLUMN_BLOCK, np.float32)
+    for blk in range(i0 // COLUMN_BLOCK, (i1 + COLUMN_BLOCK - 1) // COLUMN_BLOCK):
+        dt_block(dtw, blk, dbc, acc)
+        for i in range(max(i0, blk * COLUMN_BLOCK), min(i1, (blk + 1) * COLUMN_BLOCK)):
+            dt[i] = dtb[i] + acc[i - blk * COLUMN_BLOCK]
     Dv = Dp[i0:i1]
     for i in range(m):
         dtv[i] = softplus(dtv[i])
@@ -112,4 +123,4 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
         yv[i] = yv[i] * silu(zv[i])
 
 
-drop_stale_cache(__file__, ("fastmath.py", "kernels_stored.py", "prefetch.py", PREFETCH_STAMP), causal_conv)  # numba cache hygiene
+drop_stale_cache(__file__, ("fastmath.py", "kernels_stored.py", "kernels_dense.py"), causal_conv)  # numba cache hygiene

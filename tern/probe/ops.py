@@ -58,6 +58,7 @@ from tern.core.host_profile import OpCost
 from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.region import phase_counters
 from tern.probe.bandwidth import numba_threads
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
@@ -283,7 +284,7 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         return (lambda n: d["fp32"](W, x, out, n, par)), r, float(r * c)
     if op == "ssm_step":
         di, ns, rk = shape
-        dtw = (0.1 * rng.standard_normal((di, rk))).astype(f32)
+        dtw = column_blocks((0.1 * rng.standard_normal((di, rk))).astype(f32))  # as the engine re-packs it
         AT = -np.abs(rng.standard_normal((ns, di))).astype(f32)
         hT, dbc = np.zeros((ns, di), f32), rng.standard_normal(rk + 2 * ns).astype(f32)
         uc = rng.standard_normal(di).astype(f32)

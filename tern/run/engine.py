@@ -50,9 +50,8 @@ computes the same model (docs/MODEL.md):
 Context length: no hard limit. No positional encodings; each attention layer keeps a ring buffer of its
 last ``attn_window`` keys / values (slot ``position % attn_window``), each SSM layer a fixed-size state, so
 nothing overflows past ``max_seq_len``. But that is the longest context the model was trained on: beyond it
-the SSM states (and attention, when ``attn_window > max_seq_len``) see longer contexts than training did, so
-the engine warns once (:class:`PastMaxSeqLenWarning`). (Attention layers only, with ``attn_window <=
-max_seq_len``, see the same window at every position past it: no warning.)
+the SSM states (and attention, when ``attn_window > max_seq_len``) see longer contexts than training did, so the
+engine warns once (:class:`PastMaxSeqLenWarning`); attention layers alone with ``attn_window <= max_seq_len`` do not.
 """
 
 from __future__ import annotations
@@ -70,6 +69,7 @@ from tern.core.config import tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region
 from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
+from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.policy import (
     PAR_MIN_WEIGHTS,
@@ -162,8 +162,7 @@ class Engine:
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
         self._alloc_state()
-        # position of the first token past max_seq_len, where a longer context than in training
-        # reaches the SSM states or an attention window longer than max_seq_len
+        # the first token past max_seq_len, where the SSM states or a longer attention window see more than in training
         longer = self.n_ssm or (self.n_attn and self.cfg.attn_window > self.cfg.max_seq_len)
         self._warn_at = self.cfg.max_seq_len if longer else 2**62
         self.reset()
@@ -226,7 +225,9 @@ class Engine:
                 T[i, ops.F_OUT], T[i, ops.F_OUT_S] = self._matrix(aux, f"{p}.mixer.out_proj.weight", "rows")
                 T[i, ops.F_CONV_W] = aux.add(m.tensors[f"{p}.mixer.conv.weight"].T)  # (K, Di)
                 T[i, ops.F_CONV_B] = self._file_addr(f"{p}.mixer.conv.bias")
-                T[i, ops.F_DT_W] = self._file_addr(f"{p}.mixer.dt_proj.weight")  # (Di, R) as stored
+                dt = f"{p}.mixer.dt_proj.weight"  # (Di, R) re-packed in column blocks (ops.scan_channels)
+                T[i, ops.F_DT_W] = aux.add(column_blocks(m.tensors[dt]))
+                self._file_unread.add(dt)  # the file's copy is never read
                 T[i, ops.F_DT_B] = self._file_addr(f"{p}.mixer.dt_proj.bias")
                 T[i, ops.F_D] = self._file_addr(f"{p}.mixer.D")
                 A_log = m.tensors[f"{p}.mixer.A_log"]

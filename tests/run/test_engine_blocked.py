@@ -103,15 +103,16 @@ def test_weights_copy_leaves_the_re_packed_matrices_unwritten(small_file):
     blk = Engine(small_file, layout="blocked16", weights="copy")
     rows = Engine(small_file, layout="rows", weights="copy")
     src = blk.model.buffer
+    dt = [k for k in blk.model.tensors if k.endswith("dt_proj.weight")]  # column blocks in either layout
     unread = [k for k in blk.model.tensors if k.endswith(".packed") and "down" not in k]  # rows: re-packed
-    assert unread
-    for k in blk.model.tensors:
-        lo, hi = blk.model.offsets[k], blk.model.offsets[k] + blk.model.tensors[k].nbytes
-        if k in unread:
-            assert not blk.buf[lo:hi].any(), k
-        elif not k.endswith(".packed"):
-            assert np.array_equal(blk.buf[lo:hi], src[lo:hi]), k
-    assert np.array_equal(rows.buf, src)  # nothing re-packed: the whole file
+    assert unread and dt
+    for eng, skipped in ((blk, unread + dt), (rows, dt)):
+        for k in eng.model.tensors:
+            lo, hi = eng.model.offsets[k], eng.model.offsets[k] + eng.model.tensors[k].nbytes
+            if k in skipped:
+                assert not eng.buf[lo:hi].any(), k
+            elif not k.endswith(".packed") or eng is rows:
+                assert np.array_equal(eng.buf[lo:hi], src[lo:hi]), k
     mapped = Engine(small_file, layout="blocked16", weights="map")
     assert np.array_equal(_logits(blk, tokens), _logits(mapped, tokens))
 
