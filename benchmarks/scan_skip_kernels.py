@@ -1,0 +1,145 @@
+"""Two of the engine's non-matrix-pass kernels timed alone, per checkout: the SSM scan step and the
+activation-skip matvec (issue 16: what a DRAM-bound token spends beyond the row passes).
+
+* ``scan``: tern.kernels.ssm_step.selective_scan_step at one layer's shape (``--scan`` DIxRxN,
+  default the d2560 10B picks' 5120 x 160 x 16, fp16 dt projection), its tensors cycled over
+  ``--ws-mib`` MiB of layers (DRAM) and over one layer (cache). The dt projection is passed in the
+  layout the checkout's engine reads it (column blocks since session 44, else (Di, R) as stored).
+* ``skip``: tern.kernels.kernels_ternary.ternary_matvec_skip on ``--skip`` INPUTSxOUTPUTS transposed
+  matrices (default the pick's expert down projection, 640 x 2560) at a fraction of nonzero inputs
+  (0, 0.25, 0.5, 1: the fixed cost and the cost a row), in cache, and over ``--ws-mib`` MiB (DRAM, 0.25).
+
+Each ``--code-root`` checkout runs in its own process with its own numba cache, checkouts alternating
+in every round, so a drifting VM slows all alike (as benchmarks/code_ab.py does for whole decodes).
+
+    flock /tmp/tern-cpu.lock .venv/bin/python benchmarks/scan_skip_kernels.py --code-root OLD . --rounds 3
+
+One JSONL row per checkout and case (--out): run metadata, the checkout's commit, microseconds a call
+(median, min, max, spread over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSITIES = (0.0, 0.25, 0.5, 1.0)
+
+
+def _per_call(fn, n_items: int, min_time_s: float = 0.3) -> float:
+    """Seconds a call of fn(i), i cycling over n_items, the best of 3 runs of min_time_s."""
+    fn(0)
+    best = float("inf")
+    for _ in range(3):
+        t0, c = time.perf_counter(), 0
+        while time.perf_counter() - t0 < min_time_s:
+            fn(c % n_items)
+            c += 1
+        best = min(best, (time.perf_counter() - t0) / c)
+    return best
+
+
+def worker(scan: tuple[int, int, int], skip: tuple[int, int], ws_bytes: int) -> dict[str, float]:
+    """Microseconds a call of each case, with the kernels of the tern this process imports."""
+    import numpy as np
+
+    from tern.kernels import kernels_ternary as kt
+    from tern.kernels.ssm_step import selective_scan_step
+    try:
+        from tern.kernels.kernels_dense import column_blocks
+    except ImportError:  # a checkout before session 44: the projection as stored
+        def column_blocks(w):
+            return w
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    di, rk, ns = scan
+    layer_bytes = di * rk * 2 + 3 * di * ns * 4
+    nl = max(1, ws_bytes // layer_bytes)
+    dtw = [column_blocks((0.01 * rng.standard_normal((di, rk))).astype(np.float16).view(np.uint16)) for _ in range(nl)]
+    AT = [-np.abs(rng.standard_normal((ns, di))).astype(f32) for _ in range(nl)]
+    hT = [np.zeros((ns, di), f32) for _ in range(nl)]
+    dtb, Dp = np.zeros(di, f32), np.ones(di, f32)
+    dbc, uc, z = rng.standard_normal(rk + 2 * ns).astype(f32), rng.standard_normal(di).astype(f32), rng.standard_normal(di).astype(f32)
+    dt, y = np.zeros(di, f32), np.zeros(di, f32)
+
+    def scan_call(i):
+        selective_scan_step(dtw[i], dtb, AT[i], Dp, hT[i], dbc, uc, z, dt, y, 0, di)
+
+    out = {"scan_dram_us": _per_call(scan_call, nl) * 1e6, "scan_cache_us": _per_call(scan_call, 1) * 1e6}
+    ins, outs = skip
+    nm = max(1, ws_bytes // (ins * outs // 4))
+    codes = rng.integers(0, 3, (ins, outs // 4, 4), dtype=np.uint8)  # ternary2 codes 0..2, 4 a byte
+    one = (codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6).astype(np.uint8)
+    mats = [one.copy() for _ in range(nm)]
+    rs, res = np.ones(outs, f32), np.zeros(outs, f32)
+    for density in DENSITIES:
+        xq = np.zeros(ins, np.int8)
+        nz = rng.choice(ins, int(round(ins * density)), replace=False)
+        xq[nz] = rng.integers(1, 127, nz.size)
+        out[f"skip_cache_{density}_us"] = _per_call(lambda i, xq=xq: kt.ternary_matvec_skip(mats[0], rs, xq, f32(0.01), res), 1) * 1e6
+        if density == 0.25:
+            out["skip_dram_0.25_us"] = _per_call(lambda i, xq=xq: kt.ternary_matvec_skip(mats[i], rs, xq, f32(0.01), res), nm) * 1e6
+    return out
+
+
+def _dims(text: str, n: int) -> tuple[int, ...]:
+    parts = text.lower().split("x")
+    if len(parts) != n or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected {n} positive integers joined by 'x', got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--code-root", nargs="+", default=["."], help="checkouts to compare (. is this one)")
+    ap.add_argument("--scan", type=lambda s: _dims(s, 3), default=(5120, 160, 16), help="DIxRxN of the scan step")
+    ap.add_argument("--skip", type=lambda s: _dims(s, 2), default=(640, 2560), help="INPUTSxOUTPUTS of the skip matvec")
+    ap.add_argument("--ws-mib", type=int, default=256, help="MiB cycled for the DRAM cases")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="results/bench/scan_skip_kernels.jsonl", help="JSONL rows are appended here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.scan, args.skip, args.ws_mib << 20)))
+        return 0
+    from tern.core.records import append_jsonl, checkout_commit, run_metadata, summarize
+
+    roots = [Path(r).resolve() for r in args.code_root]
+    bad = [str(r) for r in roots if not (r / "tern" / "__init__.py").is_file()]
+    if bad or args.rounds < 1 or args.ws_mib < 1:
+        print(f"scan_skip_kernels: not tern checkouts: {bad}" if bad else
+              "scan_skip_kernels: --rounds and --ws-mib must be >= 1", file=sys.stderr)
+        return 2
+    runs: dict[Path, list[dict]] = {r: [] for r in roots}
+    for rnd in range(args.rounds):
+        for root in roots[rnd % len(roots):] + roots[:rnd % len(roots)]:
+            cache = ROOT / "results" / f"numba-cache-scan-skip-{roots.index(root)}"
+            env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(cache)}
+            cmd = [sys.executable, __file__, "--worker", "--scan", "x".join(map(str, args.scan)),
+                   "--skip", "x".join(map(str, args.skip)), "--ws-mib", str(args.ws_mib)]
+            res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
+            if res.returncode != 0:
+                print(f"scan_skip_kernels: the run in {root} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+                return 1
+            runs[root].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            print(f"round {rnd + 1}/{args.rounds} {root}: " + ", ".join(f"{k} {v:.1f}" for k, v in runs[root][-1].items()),
+                  file=sys.stderr)
+    for root in roots:
+        commit = checkout_commit(root)
+        for case in runs[root][0]:
+            us = summarize([r[case] for r in runs[root]])
+            append_jsonl(args.out, {**run_metadata(threads=1), "benchmark": "scan_skip_kernels", "code_root": str(root),
+                                    "code_commit": commit, "case": case, "scan": list(args.scan), "skip": list(args.skip),
+                                    "ws_bytes": args.ws_mib << 20, "rounds": args.rounds, "us_per_call": us})
+            print(f"{commit[:12]} {case}: {us['median']:.1f} us a call")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

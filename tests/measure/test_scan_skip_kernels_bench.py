@@ -1,0 +1,31 @@
+"""benchmarks/scan_skip_kernels.py: every case timed by a worker process of the checkout named, one
+row per checkout and case; bad arguments are usage errors before anything runs."""
+
+import json
+
+import pytest
+from conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def sk():
+    return load_benchmark("scan_skip_kernels")
+
+
+def test_one_row_per_case(sk, tmp_path, capsys):
+    out = tmp_path / "rows.jsonl"
+    assert sk.main(["--scan", "128x8x4", "--skip", "64x256", "--ws-mib", "1", "--rounds", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cases = {r["case"] for r in rows}
+    assert {"scan_dram_us", "scan_cache_us", "skip_dram_0.25_us"} <= cases
+    assert {f"skip_cache_{d}_us" for d in sk.DENSITIES} <= cases
+    assert all(r["us_per_call"]["median"] > 0 and r["rounds"] == 1 and r["scan"] == [128, 8, 4] for r in rows)
+    assert "a call" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_errors(sk, tmp_path):
+    assert sk.main(["--code-root", str(tmp_path), "--out", str(tmp_path / "x.jsonl")]) == 2  # not a checkout
+    assert sk.main(["--rounds", "0", "--out", str(tmp_path / "x.jsonl")]) == 2
+    with pytest.raises(SystemExit):
+        sk.main(["--scan", "12x3"])
+    assert not (tmp_path / "x.jsonl").exists()
