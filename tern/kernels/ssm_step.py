@@ -13,7 +13,7 @@ from numba.extending import overload
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
 from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec_fp16, block_matvec_fp32
-from tern.kernels.kernels_stored import JIT, f16_to_f32
+from tern.kernels.kernels_stored import JIT
 
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
@@ -21,20 +21,6 @@ ONE, ZERO = np.float32(1.0), np.float32(0.0)
 def dt_block(Wb, b, x, acc):  # pragma: no cover - numba resolves it through the overload below
     """acc = block b of the column-blocked matrix Wb times x (kernels_dense.float_block_matvec)."""
     raise NotImplementedError("dt_block runs inside numba-compiled code only")
-
-
-def stored_f32(w):  # pragma: no cover - numba resolves it through the overload below
-    """A stored weight as float32: fp32 as it is, fp16 (its bits as uint16) widened exactly."""
-    raise NotImplementedError("stored_f32 runs inside numba-compiled code only")
-
-
-@overload(stored_f32, inline="always")
-def _stored_f32(w):
-    if w == types.float32:
-        return lambda w: w
-    if w == types.uint16:
-        return lambda w: f16_to_f32(w)
-    return None
 
 
 @numba.njit(inline="always", **JIT)
