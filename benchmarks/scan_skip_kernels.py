@@ -25,24 +25,25 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from curve_stability import parse_shape  # ROWSxCOLS (here inputs x outputs)
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSITIES = (0.0, 0.25, 0.5, 1.0)
 
 
 def _per_call(fn, n_items: int, min_time_s: float = 0.3) -> float:
-    """Seconds a call of fn(i), i cycling over n_items, the best of 3 runs of min_time_s."""
-    fn(0)
-    best = float("inf")
-    for _ in range(3):
-        t0, c = time.perf_counter(), 0
-        while time.perf_counter() - t0 < min_time_s:
-            fn(c % n_items)
-            c += 1
-        best = min(best, (time.perf_counter() - t0) / c)
-    return best
+    """Seconds a call of fn(i), i cycling over n_items: the fastest of 3 timed runs of min_time_s
+    (tern.probe.timing.timed_runs, calibrated after a warm-up)."""
+    from tern.probe.timing import TimingConfig, timed_runs
+
+    def run(n):
+        for i in range(n):
+            fn(i % n_items)
+
+    t = timed_runs(run, TimingConfig(min_time_s=min_time_s, repeats=3))
+    return min(s / c for c, s in zip(t.counts, t.seconds, strict=True))
 
 
 def worker(scan: tuple[int, int, int], skip: tuple[int, int], ws_bytes: int) -> dict[str, float]:
@@ -88,18 +89,20 @@ def worker(scan: tuple[int, int, int], skip: tuple[int, int], ws_bytes: int) -> 
     return out
 
 
-def _dims(text: str, n: int) -> tuple[int, ...]:
+def _scan_dims(text: str) -> tuple[int, int, int]:
+    """``DIxRxN`` -> (d_inner, dt_rank, d_state), each >= 1."""
     parts = text.lower().split("x")
-    if len(parts) != n or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected {n} positive integers joined by 'x', got {text!r}")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a scan shape is DIxRxN of positive integers, e.g. 5120x160x16; got {text!r}")
     return tuple(int(p) for p in parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--code-root", nargs="+", default=["."], help="checkouts to compare (. is this one)")
-    ap.add_argument("--scan", type=lambda s: _dims(s, 3), default=(5120, 160, 16), help="DIxRxN of the scan step")
-    ap.add_argument("--skip", type=lambda s: _dims(s, 2), default=(640, 2560), help="INPUTSxOUTPUTS of the skip matvec")
+    ap.add_argument("--scan", type=_scan_dims, default=(5120, 160, 16), help="DIxRxN of the scan step")
+    ap.add_argument("--skip", type=parse_shape, default=(640, 2560),
+                    help="INPUTSxOUTPUTS of the skip matvec (outputs a multiple of 256)")
     ap.add_argument("--ws-mib", type=int, default=256, help="MiB cycled for the DRAM cases")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="results/bench/scan_skip_kernels.jsonl", help="JSONL rows are appended here")

@@ -135,8 +135,8 @@ COLUMN_BLOCK = 64  # outputs per block of :func:`column_blocks` (4 vectors of DO
 def column_blocks(W: np.ndarray, block: int = COLUMN_BLOCK) -> np.ndarray:
     """W (rows, cols) -> (ceil(rows / block), cols, block), C-contiguous: block b holds rows
     b * block .. b * block + block - 1 transposed (column c of those rows as ``block`` contiguous
-    values), the rows past ``rows`` zero; float16 as its uint16 bits. The layout the block matvecs
-    (:func:`float_block_matvec`) read as one stream."""
+    values), the rows past ``rows`` zero; float16 as its uint16 bits. The layout
+    :func:`block_matvec` reads as one stream."""
     if W.ndim != 2:
         raise ValueError(f"column_blocks needs a 2-D matrix, got shape {W.shape}")
     W = W.view(np.uint16) if W.dtype == np.float16 else W
@@ -146,8 +146,8 @@ def column_blocks(W: np.ndarray, block: int = COLUMN_BLOCK) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(nb, block, W.shape[1]).transpose(0, 2, 1))
 
 
-def float_block_matvec(kind: str):
-    """An intrinsic ``f(Wb, b, x, acc)``: acc[j] = sum_c Wb[b, c, j] * x[c] for j < COLUMN_BLOCK,
+def _block_matvec_codegen(kind: str):
+    """Code of :func:`block_matvec`: acc[j] = sum_c Wb[b, c, j] * x[c] for j < COLUMN_BLOCK,
     Wb (blocks, cols, COLUMN_BLOCK) C-contiguous float32 (``kind`` "fp32") or uint16 bits of fp16
     (:func:`column_blocks` of a (rows, cols) matrix), x (>= cols,) and acc (COLUMN_BLOCK,) float32.
     Every output has its own lane, so nothing is summed across lanes: two sets of
@@ -156,7 +156,6 @@ def float_block_matvec(kind: str):
     (Di x R, R = 160 on the d2560 10B picks) read as stored, one dot per channel, spent most of its
     time summing each row's lanes: AMD EPYC Zen 4, 1 thread, 5120 x 160 fp16 in cache 51.6 -> 33.9 us
     (benchmarks/README, "The scan's dt projection in column blocks")."""
-    wdt = {"fp32": types.float32}.get(kind, types.uint16)
     item = {"fp32": 4}.get(kind, 2)
     nvec = COLUMN_BLOCK // DOT_LANES
 
@@ -196,19 +195,23 @@ def float_block_matvec(kind: str):
                           align=4)
         return context.get_dummy_value()
 
-    @intrinsic
-    def block_matvec(typingctx, Wb, b, x, acc):
-        if not (isinstance(Wb, types.Array) and Wb.ndim == 3 and Wb.dtype == wdt and Wb.layout == "C"
-                and isinstance(b, types.Integer)
-                and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
-                and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32 and acc.layout == "C"):
-            return None
-        return types.none(Wb, b, x, acc), codegen
-
-    return block_matvec
+    return codegen
 
 
-block_matvec_fp32, block_matvec_fp16 = float_block_matvec("fp32"), float_block_matvec("fp16")
+_BLOCK_KINDS = {types.float32: "fp32", types.uint16: "fp16"}  # Wb's dtype -> the weights' kind
+_BLOCK_CODEGEN = {kind: _block_matvec_codegen(kind) for kind in _BLOCK_KINDS.values()}
+
+
+@intrinsic
+def block_matvec(typingctx, Wb, b, x, acc):
+    """``block_matvec(Wb, b, x, acc)``: block b of a :func:`column_blocks` matrix (float32, or fp16 as
+    uint16 bits) times x into acc (COLUMN_BLOCK,) float32 (:func:`_block_matvec_codegen`)."""
+    if not (isinstance(Wb, types.Array) and Wb.ndim == 3 and Wb.dtype in _BLOCK_KINDS and Wb.layout == "C"
+            and isinstance(b, types.Integer)
+            and isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32 and x.layout == "C"
+            and isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32 and acc.layout == "C"):
+        return None
+    return types.none(Wb, b, x, acc), _BLOCK_CODEGEN[_BLOCK_KINDS[Wb.dtype]]
 
 
 @njit(cache=True, inline="always")

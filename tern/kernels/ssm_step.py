@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import overload
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.fastmath import fexp_nonpos
-from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec_fp16, block_matvec_fp32
+from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec
 from tern.kernels.kernels_stored import JIT
 
 ONE, ZERO = np.float32(1.0), np.float32(0.0)
-
-
-def dt_block(Wb, b, x, acc):  # pragma: no cover - numba resolves it through the overload below
-    """acc = block b of the column-blocked matrix Wb times x (kernels_dense.float_block_matvec)."""
-    raise NotImplementedError("dt_block runs inside numba-compiled code only")
 
 
 @numba.njit(inline="always", **JIT)
@@ -69,15 +62,6 @@ def causal_conv(cw, cb, tail, u, uc):
         tail[K - 2, :] = u
 
 
-@overload(dt_block, inline="always")
-def _dt_block(Wb, b, x, acc):
-    if Wb.dtype == types.float32:
-        return lambda Wb, b, x, acc: block_matvec_fp32(Wb, b, x, acc)
-    if Wb.dtype == types.uint16:
-        return lambda Wb, b, x, acc: block_matvec_fp16(Wb, b, x, acc)
-    return None
-
-
 @numba.njit(**JIT)
 def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     """One selective-scan step (docs/MODEL.md) of channels i0..i1-1 (0, Di: all; the one-region
@@ -91,7 +75,7 @@ def selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, i0, i1):
     dtv, yv, ucv = dt[i0:i1], y[i0:i1], uc[i0:i1]  # (a 2-D column slice or a loop from i0 > 0: 3-4x slower)
     acc = np.empty(COLUMN_BLOCK, np.float32)
     for blk in range(i0 // COLUMN_BLOCK, (i1 + COLUMN_BLOCK - 1) // COLUMN_BLOCK):
-        dt_block(dtw, blk, dbc, acc)
+        block_matvec(dtw, blk, dbc, acc)
         for i in range(max(i0, blk * COLUMN_BLOCK), min(i1, (blk + 1) * COLUMN_BLOCK)):
             dt[i] = dtb[i] + acc[i - blk * COLUMN_BLOCK]
     Dv = Dp[i0:i1]

@@ -1,4 +1,4 @@
-"""tern.kernels.kernels_dense.column_blocks / block_matvec_*: the column-blocked dense matvec of the
+"""tern.kernels.kernels_dense.column_blocks / block_matvec: the column-blocked dense matvec of the
 SSM's dt projection (right sums at every shape, a stored fp16 matrix sums as its fp32 conversion bit
 for bit), and tern.kernels.ssm_step.selective_scan_step on it: channel ranges at block boundaries
 give the whole step's values, and the step matches a float64 reference of docs/MODEL.md's scan."""
@@ -7,23 +7,18 @@ import numba
 import numpy as np
 import pytest
 
-from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec_fp16, block_matvec_fp32, column_blocks
+from tern.kernels.kernels_dense import COLUMN_BLOCK, block_matvec, column_blocks
 from tern.kernels.policy import REGION_SCAN_ALIGN
 from tern.kernels.ssm_step import selective_scan_step
 
 
-def _matvec(dot):
-    @numba.njit
-    def run(Wb, x, rows):
-        acc, out = np.empty(COLUMN_BLOCK, np.float32), np.empty(Wb.shape[0] * COLUMN_BLOCK, np.float32)
-        for b in range(Wb.shape[0]):
-            dot(Wb, b, x, acc)
-            out[b * COLUMN_BLOCK:(b + 1) * COLUMN_BLOCK] = acc
-        return out[:rows]
-    return run
-
-
-_RUN = {block_matvec_fp32: _matvec(block_matvec_fp32), block_matvec_fp16: _matvec(block_matvec_fp16)}
+@numba.njit
+def _run(Wb, x, rows):  # every block of Wb (float32, or fp16 as uint16 bits) times x
+    acc, out = np.empty(COLUMN_BLOCK, np.float32), np.empty(Wb.shape[0] * COLUMN_BLOCK, np.float32)
+    for b in range(Wb.shape[0]):
+        block_matvec(Wb, b, x, acc)
+        out[b * COLUMN_BLOCK:(b + 1) * COLUMN_BLOCK] = acc
+    return out[:rows]
 
 
 def test_column_blocks_layout_and_padding():
@@ -42,7 +37,7 @@ def test_block_matvec_sums(rows, cols):
     rng = np.random.default_rng(rows * 1000 + cols)
     W = rng.standard_normal((rows, cols)).astype(np.float32)
     x = rng.standard_normal(cols + 5).astype(np.float32)  # longer than cols: the extra values are never read
-    out = _RUN[block_matvec_fp32](column_blocks(W), x, rows)
+    out = _run(column_blocks(W), x, rows)
     ref = W.astype(np.float64) @ x[:cols].astype(np.float64)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.sqrt(cols))
 
@@ -52,8 +47,8 @@ def test_block_matvec_fp16_sums_as_its_fp32_conversion(rows, cols):
     rng = np.random.default_rng(cols)
     W16 = (0.1 * rng.standard_normal((rows, cols))).astype(np.float16)
     x = rng.standard_normal(cols).astype(np.float32)
-    a = _RUN[block_matvec_fp16](column_blocks(W16.view(np.uint16)), x, rows)
-    b = _RUN[block_matvec_fp32](column_blocks(W16.astype(np.float32)), x, rows)
+    a = _run(column_blocks(W16.view(np.uint16)), x, rows)
+    b = _run(column_blocks(W16.astype(np.float32)), x, rows)
     assert np.array_equal(a, b)
 
 

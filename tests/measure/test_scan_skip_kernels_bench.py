@@ -9,6 +9,7 @@ from conftest import load_benchmark
 
 @pytest.fixture(scope="module")
 def sk():
+    load_benchmark("curve_stability")  # its parse_shape, imported as the script's own folder has it
     return load_benchmark("scan_skip_kernels")
 
 
