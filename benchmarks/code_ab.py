@@ -5,7 +5,10 @@ Each measurement is ``python -m tern.measure.sweep_worker`` (the sweep's own wor
 tokens after 16 warm-up, samples of >= 0.25 s) in a fresh process that imports ``tern`` from
 one checkout (``PYTHONPATH`` and working directory) with that checkout's own numba cache
 (``<checkout>/.numba-ab-cache``, so neither loads the other's compiled kernels); the checkouts
-alternate inside every round, at every thread count. A first untimed round compiles each
+alternate inside every round, at every thread count, and every other round runs them in the
+reverse order (A B, B A, ...): on the AMD EPYC Zen 4 VM the second process of a round ran the
+2.5 GB MoE peer 4-11 % slower than the first whichever checkout it was (session 45), so a fixed
+order would have charged that to one checkout. A first untimed round compiles each
 checkout's kernels (``--no-warm-round`` skips it). One JSONL row per (round, threads,
 checkout): tern.core.records.run_metadata, the checkout and its commit, the worker's tok/s
 summary and engine settings. The summary prints each checkout's median over rounds and
@@ -28,6 +31,17 @@ from pathlib import Path
 from tern.core.records import append_jsonl, checkout_commit, run_metadata
 from tern.measure.sweep import SweepPoint, measure_in_subprocess
 from tern.packed.reader import load_packed
+
+
+def round_order(roots: list[Path], rnd: int) -> list[Path]:
+    """The checkouts in the order round ``rnd`` runs them: as given in even rounds, reversed in
+    odd ones, so each checkout takes each slot of a round equally often over an even count."""
+    return list(roots) if rnd % 2 == 0 else list(reversed(roots))
+
+
+def label(commit: str) -> str:
+    """A commit as the summary prints it: 12 hex digits, keeping ``+dirty``."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
 
 
 def worker(root: Path, model: Path, point: SweepPoint) -> dict:
@@ -76,19 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     tps: dict[tuple[int, Path], list[float]] = {(t, r): [] for t in a.threads for r in roots}
     for rnd in range(a.rounds):
         for t in a.threads:
-            for r in roots:
+            for slot, r in enumerate(round_order(roots, rnd)):
                 m = worker(r, model, points[t])
                 tps[(t, r)].append(m["tok_per_s"])
                 append_jsonl(a.out, {**run_metadata(t), "bench": "code_ab", "model": a.model.name, "round": rnd,
-                                     "code_root": str(r), "code_commit": commits[r], **m})
-                print(f"round {rnd} threads {t} {commits[r][:12]:>12} ({r}): {m['tok_per_s']:.1f} tok/s "
+                                     "slot": slot, "code_root": str(r), "code_commit": commits[r], **m})
+                print(f"round {rnd} threads {t} {label(commits[r]):>18} ({r}): {m['tok_per_s']:.1f} tok/s "
                       f"(spread {m['spread_rel']:.0%})", flush=True)
     for t in a.threads:
         base = tps[(t, roots[0])]
         for r in roots:
             v = tps[(t, r)]
             paired = [x / b for x, b in zip(v, base, strict=True)]  # this round's ratio to the first checkout
-            print(f"threads {t} {commits[r][:12]:>12}: median {statistics.median(v):.1f} tok/s over {len(v)} rounds"
+            print(f"threads {t} {label(commits[r]):>18}: median {statistics.median(v):.1f} tok/s over {len(v)} rounds"
                   + ("" if r == roots[0] else f"; against the first checkout: median of the rounds' ratios "
                      f"x{statistics.median(paired):.3f} (x{min(paired):.2f}-{max(paired):.2f}), faster in "
                      f"{sum(q > 1 for q in paired)} of {len(v)} rounds"))

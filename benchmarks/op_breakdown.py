@@ -42,7 +42,7 @@ import numpy as np
 from tern.core.config import param_counts
 from tern.core.records import append_jsonl, run_metadata, summarize
 from tern.kernels import ops
-from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.cache_guard import NO_ADDR, ZERO, drop_stale_cache
 from tern.kernels.region import cycles, cycles_per_second
 
 CATEGORIES = ("embed", "norm", "quantize", "mixer matvec", "attention", "ssm conv", "ssm scan", "router",
@@ -72,7 +72,7 @@ def _gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, 
     t = _lap(t, acc, C_ACT)
     hs = ops.quant(G, g[:H], hq, hd, eps)
     t = _lap(t, acc, C_QUANT)
-    ops.down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out)
+    ops.down_proj(buf, aux, G, da, dsa, D, H, hq, hs, hd, out, NO_ADDR, ZERO)
     return _lap(t, acc, C_DOWN)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.cache_guard import NO_ADDR, ZERO, drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec_next, blocked16_matvec_par
 from tern.kernels.kernels_dense import COLUMN_BLOCK, matvec_fp32_nb, matvec_fp32_parallel_nb
@@ -284,7 +284,7 @@ def bitlinear(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out):
     """out (rows,) = W (rows, cols) @ quantized activation (xq, xs) — ternary2 kernel, b3
     kernel (G_B3: on the permuted activations quant wrote into xd), or the dequantized fp32
     matrix times xd in the fp32 rung."""
-    bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, -1, 0)
+    bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, NO_ADDR, ZERO)
 
 
 @numba.njit(cache=True)
@@ -332,10 +332,10 @@ def bitlinear_then(buf, aux, G, w_addr, s_addr, rows, cols, xq, xs, xd, out, nxt
 
 
 @numba.njit(cache=True)
-def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out, nxt_addr=-1, nxt_bytes=0):
+def down_proj(buf, aux, G, w_addr, s_addr, D, H, hq, hs, hd, out, nxt_addr, nxt_bytes):
     """out (D,) = down (D, H) @ h: with activation skip the transposed layout and
     ternary_matvec_skip (columns of zero hidden units untouched), else a plain matvec
-    (:func:`bitlinear_then`: ``nxt_addr`` / ``nxt_bytes``, the matrix read next)."""
+    (:func:`bitlinear_then`: ``nxt_addr`` / ``nxt_bytes``, the matrix read next; NO_ADDR: none)."""
     if G[G_KERNEL] == KERNEL_TERNARY and G[G_ACT_SKIP]:
         rb = (D + 3) // 4
         P = u8(buf, aux, w_addr, H * rb).reshape(H, rb)
@@ -374,11 +374,11 @@ def gated_act(act, g, u, H):
 
 
 @numba.njit(cache=True)
-def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out, nxt_addr=-1):
+def gated_mlp(buf, aux, G, ga, gsa, ua, usa, da, dsa, H, xq, xs, xd, g, u, hq, hd, eps, out, nxt_addr):
     """out (D,) = down(act(gate(x), up(x))) for one expert whose input is already quantized
     (xq, xs, xd). Uses g, u, hd (H,) and hq (H,) as scratch. Each matrix's pass prefetches the
     start of the next (:func:`bitlinear_then`); the down projection's, ``nxt_addr``'s: the
-    gate of the expert read next (-1: none)."""
+    gate of the expert read next (NO_ADDR: none)."""
     D = G[G_D]
     bitlinear_then(buf, aux, G, ga, gsa, H, D, xq, xs, xd, g, ua, mat_bytes(G, H, D))
     bitlinear_then(buf, aux, G, ua, usa, H, D, xq, xs, xd, u, da, down_bytes(G, D, H))
@@ -416,7 +416,7 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
     causal_conv(cw, cb, conv[si], uz[:Di], uc)
     xs = quant(G, uc, xq, xd, eps)
     bitlinear_then(buf, aux, G, T[l, F_XP], T[l, F_XP_S], R + 2 * N, Di, xq, xs, xd, dbc, T[l, F_OUT], mat_bytes(G, D, Di))
-    scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
+    scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, ZERO, Di)
     xs = quant(G, y, xq, xd, eps)
     bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, Di, xq, xs, xd, out)
 
@@ -535,7 +535,7 @@ def routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all
             gated_mlp(buf, aux, Gs, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
                       T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
                       T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[c], us[c], hqs[c], hds[c], eps, eo_all[j],
-                      T[l, F_EG] + chosen[j + P] * mb if j + P < k else -1)  # this slot's next expert's gate
+                      T[l, F_EG] + chosen[j + P] * mb if j + P < k else NO_ADDR)  # this slot's next expert's gate
 
 
 @numba.njit(cache=True, inline="always")
@@ -565,7 +565,7 @@ def ffn_step(buf, aux, G, T, LI, l, eps, work, iwork, counts, last):
         mb, db = 2 * s * mat_bytes(G, H, D), 2 * s * down_bytes(G, D, H)
         gated_mlp(buf, aux, G, T[l, F_SG] + mb, T[l, F_SG_S] + 8 * s * H, T[l, F_SU] + mb,
                   T[l, F_SU_S] + 8 * s * H, T[l, F_SD] + db, T[l, F_SD_S] + 8 * s * D, H,
-                  xq, xs, xd, g, u, hq, hd, eps, eo)
+                  xq, xs, xd, g, u, hq, hd, eps, eo, NO_ADDR)
         for i in range(D):
             acc[i] += eo[i]
     mi = LI[l, L_MOE]
@@ -608,7 +608,7 @@ def routed_sequential(buf, aux, G, Gr, T, l, chosen, wk, E, H, k, xq, xs, xd, g,
         gated_mlp(buf, aux, Gr, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * H,
                   T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * H, T[l, F_ED] + e * db,
                   T[l, F_ED_S] + 8 * e * D, H, xq, xs, xd, g, u, hq, hd, eps, eo,
-                  T[l, F_EG] + chosen[j] * mb if G[G_MOE_SKIP] and j < k else -1)  # the next chosen one's gate
+                  T[l, F_EG] + chosen[j] * mb if G[G_MOE_SKIP] and j < k else NO_ADDR)  # the next chosen one's gate
         for i in range(D):
             acc[i] += w * eo[i]
 

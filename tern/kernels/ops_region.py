@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from tern.kernels import ops
-from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.cache_guard import NO, NO_ADDR, ONE, YES, ZERO, drop_stale_cache
 from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 from tern.kernels.kernels_stored import dense_row, f32
 from tern.kernels.kernels_ternary import DEFAULT_VARIANT, SEG_COLS
@@ -176,7 +176,7 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
     if LI[l, L_KIND] == KIND_SSM:
         si = LI[l, L_STATE]
         p = mat_phase(ctr, p, n_items(G, rp, 2 * Di, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 2 * Di, D,
-                      xq, scal[S_MIX], xd, uz, -1, -1, uz)
+                      xq, scal[S_MIX], xd, uz, NO_ADDR, NO_ADDR, uz)
         mine = solo(ctr, p)
         if mine:
             cw = f32(buf, aux, T[l, F_CONV_W], K * Di).reshape(K, Di)
@@ -184,21 +184,21 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
             scal[S_MIX] = ops.quant(G, uc, xq, xd, eps)
         p = end_solo(ctr, p, mine)
         p = mat_phase(ctr, p, n_items(G, rp, R + 2 * N, Di), buf, aux, Gs, T[l, F_XP], T[l, F_XP_S], R + 2 * N,
-                      Di, xq, scal[S_MIX], xd, dbc, -1, -1, dbc)
+                      Di, xq, scal[S_MIX], xd, dbc, NO_ADDR, NO_ADDR, dbc)
         ns = scan_items(G, Di, R, N)
         if ns > 1:  # channel ranges on every thread, then the output's quantization
             p = scan_phase(ctr, p, ns, buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y)
         mine = solo(ctr, p)
         if mine:
             if ns == 1:
-                ops.scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, 0, Di)
+                ops.scan_channels(buf, aux, G, T, l, ssm_h[si], dbc, uc, uz[Di:2 * Di], dt, y, ZERO, Di)
             scal[S_MIX] = ops.quant(G, y, xq, xd, eps)
         p = end_solo(ctr, p, mine)
         return mat_phase(ctr, p, n_items(G, rp, D, Di), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, Di,
-                         xq, scal[S_MIX], xd, acc, -1, -1, acc)
+                         xq, scal[S_MIX], xd, acc, NO_ADDR, NO_ADDR, acc)
     ai, W = LI[l, L_STATE], G[G_WIN]
     p = mat_phase(ctr, p, n_items(G, rp, 3 * D, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 3 * D, D,
-                  xq, scal[S_MIX], xd, uz, -1, -1, uz)
+                  xq, scal[S_MIX], xd, uz, NO_ADDR, NO_ADDR, uz)
     na = attn_items(G, D, G[G_NH])
     if na > 1:  # heads over the threads, then the output's quantization as one item
         p = attn_phase(ctr, p, na, uz, D, kc[ai], vc[ai], t, ops.carve_attn(work, G), y)
@@ -210,7 +210,7 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
         scal[S_MIX] = ops.quant(G, y[:D], xq, xd, eps)
     p = end_solo(ctr, p, mine)
     return mat_phase(ctr, p, n_items(G, rp, D, D), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, D,
-                     xq, scal[S_MIX], xd, acc, -1, -1, acc)
+                     xq, scal[S_MIX], xd, acc, NO_ADDR, NO_ADDR, acc)
 
 
 @numba.njit(cache=True)
@@ -230,14 +230,14 @@ def expert_phases(ctr, p, buf, aux, G, Gx, rp, ga, gsa, ua, usa, da, dsa, H, eps
         ops.gated_act(G[G_ACT], g, u, H)
         scal[S_HID] = ops.quant_hidden(G, g[:H], hq, hd, eps)
         if skip and not SKIP_SEGMENTS:  # the plain skip kernel has no segment form: in this item
-            ops.down_proj(buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo)
+            ops.down_proj(buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo, NO_ADDR, ZERO)
     p = end_solo(ctr, p, mine)
     if skip and SKIP_SEGMENTS:
         nseg = (D + SEG_COLS - 1) // SEG_COLS  # items of whole output segments
-        n = 1 if D * H < rp[RP_MIN_WEIGHTS] else max(1, min(G[G_THREADS] * rp[RP_ITEMS], nseg))
+        n = ONE if D * H < rp[RP_MIN_WEIGHTS] else max(ONE, min(G[G_THREADS] * rp[RP_ITEMS], nseg))
         return skip_phase(ctr, p, n, buf, aux, da, dsa, D, H, hq, scal[S_HID], eo)
     if not skip:
-        p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo, -1, -1, eo)
+        p = mat_phase(ctr, p, n_items(G, rp, D, H), buf, aux, Gx, da, dsa, D, H, hq, scal[S_HID], hd, eo, NO_ADDR, NO_ADDR, eo)
     return p
 
 
@@ -261,7 +261,7 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
     p = end_solo(ctr, p, mine)
     if not has_ffn:
         return p, 0
-    pend = 0
+    pend = ZERO
     H = LI[l, L_HSH]
     for s in range(LI[l, L_NSH]):
         mb, db = 2 * s * ops.mat_bytes(G, H, D), 2 * s * ops.down_bytes(G, D, H)
@@ -283,7 +283,7 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
         nr = n_items(G, rp, E, D)  # the router's row ranges: a phase of their own when it splits
         if nr > 1:
             p = dense_phase(ctr, p, nr, buf, aux, G[G_ROUTER_KIND], T[l, F_ROUTER], T[l, F_ROUTER_S], E, D, xn, pr,
-                            True)  # reads xn only
+                            YES)  # reads xn only
         mine = solo(ctr, p)
         if mine:
             settle(pend, x, acc, eo, D)
@@ -297,7 +297,7 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
                 ops.routed_sequential(buf, aux, G, Grs, T, l, chosen, wk, E, He, k, xq, scal[S_FFN], xd,
                                       g, u, hq, hd, eps, eo, acc)
         p = end_solo(ctr, p, mine)
-        pend = 0
+        pend = ZERO
         if single:  # chosen is this layer's and stays until the next token: read after the routing phase
             e = chosen[0]
             mb, db = 2 * ops.mat_bytes(Grs, He, D), 2 * ops.down_bytes(Grs, D, He)
@@ -330,7 +330,7 @@ def _token_body(tid, buf, aux, G, Gs, Grs, rp, T, LI, eps, token, t, ssm_h, conv
     """One thread's walk through the token's phases (every thread walks the same ones)."""
     D = G[G_D]
     x, xn, acc, eo = work[:D], work[D:2 * D], work[2 * D:3 * D], work[3 * D:4 * D]  # as ops.carve
-    p, pend = 0, 0
+    p, pend = ZERO, ZERO
     mine = solo(ctr, p)
     if mine:
         dense_row(buf, aux, G[G_EMBED_KIND], G[G_EMBED], G[G_EMBED_S], token, D, x)
@@ -344,7 +344,7 @@ def _token_body(tid, buf, aux, G, Gs, Grs, rp, T, LI, eps, token, t, ssm_h, conv
         ops.rmsnorm(x, f32(buf, aux, G[G_NORM_F], D), eps, xn)
     p = end_solo(ctr, p, mine)
     p = dense_phase(ctr, p, n_items(G, rp, G[G_V], D), buf, aux, G[G_HEAD_KIND], G[G_HEAD], G[G_HEAD_S], G[G_V], D,
-                    xn, logits, False)
+                    xn, logits, NO)
     if tid == 0:
         scal[scal.shape[0] - 1] = np.float32(p)  # phases used (tests check the bound)
 
@@ -361,7 +361,7 @@ def token_step_region(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, 
     t = pos[0]
     Grs = Gserial[ops.N_GLOBALS:2 * ops.N_GLOBALS]
     for tid in numba.prange(G[G_THREADS]):
-        _token_body(tid, buf, aux, G, Gserial, Grs, rp, T, LI, eps, token, t, ssm_h, conv, kc, vc, work, iwork,
+        _token_body(np.int64(tid), buf, aux, G, Gserial, Grs, rp, T, LI, eps, token, t, ssm_h, conv, kc, vc, work, iwork,
                     counts, last, logits, ctr, scal)
     pos[0] += 1
 

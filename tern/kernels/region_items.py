@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 
 from tern.kernels import ops
-from tern.kernels.cache_guard import drop_stale_cache
+from tern.kernels.cache_guard import NO, NO_ADDR, ONE, drop_stale_cache
 from tern.kernels.kernels_stored import DENSE_FP32, DENSE_INT8, dense_matvec, f32, router_logits, u8
 from tern.kernels.kernels_ternary import COMPILED_SETTINGS, SEG_BYTES, _skip_segments, skip_groups
 from tern.kernels.ops import G_D, G_THREADS
@@ -56,7 +56,7 @@ def end_solo(ctr, p, mine):
     """Close a single-item phase (its runner counts it done; everyone waits); the next phase."""
     if mine:
         finish(ctr, p)
-    wait_done(ctr, p, 1)
+    wait_done(ctr, p, ONE)
     return p + 1
 
 
@@ -96,7 +96,7 @@ def dense_phase(ctr, p, n, buf, aux, kind, w_addr, s_addr, rows, D, xn, out, rou
             if router:
                 router_logits(buf, aux, kind, w, s, r1 - r0, D, xn, out[r0:r1])
             else:
-                dense_matvec(buf, aux, kind, w, s, r1 - r0, D, xn, out[r0:r1], False)
+                dense_matvec(buf, aux, kind, w, s, r1 - r0, D, xn, out[r0:r1], NO)
         finish(ctr, p)
     wait_done(ctr, p, n)
     return p + 1
@@ -116,7 +116,7 @@ def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, ep
         ops.gated_mlp(buf, aux, Grs, T[l, ops.F_EG] + e * mb, T[l, ops.F_EG_S] + 8 * e * H,
                       T[l, ops.F_EU] + e * mb, T[l, ops.F_EU_S] + 8 * e * H, T[l, ops.F_ED] + e * db,
                       T[l, ops.F_ED_S] + 8 * e * D, H, xq, xs, xd, gs[tid], us[tid], hqs[tid], hds[tid], eps, eo_all[j],
-                      T[l, ops.F_EG] + chosen[j + Grs[G_THREADS]] * mb if j + Grs[G_THREADS] < k else -1)  # likely next claim
+                      T[l, ops.F_EG] + chosen[j + Grs[G_THREADS]] * mb if j + Grs[G_THREADS] < k else NO_ADDR)  # likely next claim
         finish(ctr, p)
     wait_done(ctr, p, k)
     return p + 1

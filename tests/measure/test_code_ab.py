@@ -59,12 +59,19 @@ def test_rows_alternate_and_summarise_paired_ratios(cab, tmp_path, monkeypatch, 
     out = tmp_path / "ab.jsonl"
     assert cab.main(["--model", str(model), "--code-root", str(_REPO), str(other), "--threads", "1",
                      "--rounds", "3", "--no-warm-round", "--out", str(out)]) == 0
-    assert calls == [(str(_REPO), 1), (str(other), 1)] * 3  # the checkouts alternate inside each round
+    a, b = (str(_REPO), 1), (str(other), 1)
+    assert calls == [a, b, b, a, a, b]  # the checkouts alternate inside each round, in turn first
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [(r["round"], r["code_root"]) for r in rows] == [(i, c) for i in range(3) for c in (str(_REPO), str(other))]
+    assert [(r["round"], r["slot"], r["code_root"]) for r in rows] == [
+        (0, 0, a[0]), (0, 1, b[0]), (1, 0, b[0]), (1, 1, a[0]), (2, 0, a[0]), (2, 1, b[0])]
     text = capsys.readouterr().out
-    # paired ratios 1.10, 0.90, 1.10: median x1.100, faster in 2 of 3 rounds
+    # paired ratios (each checkout's n-th run against the first's) 1.10, 0.90, 1.10: median x1.100
     assert "x1.100 (x0.90-1.10), faster in 2 of 3 rounds" in text
+
+
+def test_summary_labels_keep_a_dirty_tree_visible(cab):
+    assert cab.label("857809d6d2e233a743b167b56a664b8536aa95a4+dirty") == "857809d6d2e2+dirty"
+    assert cab.label("857809d6d2e233a743b167b56a664b8536aa95a4") == "857809d6d2e2"
 
 
 @pytest.mark.parametrize("error", [RuntimeError("sweep worker failed"), subprocess.TimeoutExpired(["worker"], 3600)])
