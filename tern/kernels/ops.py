@@ -635,5 +635,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py", "ssm_step.py", "kernels_unpack.py", COMPILED_SETTINGS)
+         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", COMPILED_SETTINGS)  # constants compiled in
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

@@ -205,5 +205,5 @@ def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py",
                "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", "ssm_step.py",
-               "kernels_unpack.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
+               "kernels_unpack.py", "cache_guard.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

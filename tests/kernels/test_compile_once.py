@@ -2,7 +2,8 @@
 compiles a callee again for every literal argument, omitted default, literal-initialised
 variable or raw ``prange`` index it is called with, and the per-token functions link the whole
 engine below them, so each such call site cost a full extra compile of its subtree (a cold
-compile of the 28M peer's engine: 171 s with them, 128 s without; the region step 86 -> 51 s).
+compile of the 28M peer's engine: 173 s with them, 126 s without; the region step 80-83 -> 52-54 s,
+benchmarks/compile_time.py).
 
 The rule itself is checked on numba (so a numba that stops specialising shows up here), and the
 engine's call sites are checked on their source (fast: no compile)."""
