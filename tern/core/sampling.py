@@ -23,14 +23,14 @@ def _check(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
         raise ValueError(f"logits must be floating point, got {x.dtype}")
     if not np.all(np.isfinite(x)):
         raise ValueError("logits contain NaN or infinity")
-    if not (isinstance(temperature, (int, float)) and temperature >= 0):
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if not (isinstance(top_k, (int, np.integer)) and not isinstance(top_k, bool) and top_k >= 0):
         raise ValueError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
-        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+    if not (isinstance(repetition_penalty, (int, float)) and 0 < repetition_penalty < float("inf")):
+        raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition_penalty!r}")
     return x.astype(np.float64)
 
 
@@ -45,10 +45,15 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
         if recent.size and (recent.min() < 0 or recent.max() >= V):
             raise ValueError(f"recent_tokens must be ids in 0..{V - 1}")
         r = x[recent]
-        x[recent] = np.where(r > 0, r / repetition_penalty, r * repetition_penalty)
+        with np.errstate(over="ignore", under="ignore"):
+            x[recent] = np.where(r > 0, r / repetition_penalty, r * repetition_penalty)
     if temperature == 0:
         return int(np.argmax(x))
-    x = x / temperature
+    with np.errstate(over="ignore"):
+        x = x / temperature
+    if not np.all(np.isfinite(x)):  # a tiny temperature or penalty overflowed them: refuse, never NaN weights
+        raise ValueError(f"temperature={temperature!r} / repetition_penalty={repetition_penalty!r} push the logits "
+                         "past float64's range")
     order = np.argsort(-x, kind="stable")  # descending, lower index first on ties
     if top_k and top_k < V:
         order = order[:top_k]

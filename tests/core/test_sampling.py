@@ -1,5 +1,7 @@
 """tern.core.sampling.sample_next: greedy, seeds, top-k, top-p, repetition penalty, validation."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -48,10 +50,15 @@ def test_repetition_penalty_lowers_recent_tokens():
     ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"), ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"repetition_penalty": 1.2, "recent_tokens": [9]}, "recent_tokens"),
+    ({"temperature": float("inf")}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"temperature": 5e-324}, "past float64"),  # the logits / temperature overflow
 ])
 def test_bad_arguments_are_value_errors(kw, match):
-    with pytest.raises(ValueError, match=match):
-        sample_next(LOGITS, np.random.default_rng(0), **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused cleanly: no numpy overflow / invalid-value warning on the way
+        with pytest.raises(ValueError, match=match):
+            sample_next(LOGITS, np.random.default_rng(0), **kw)
 
 
 @pytest.mark.parametrize("logits", [np.zeros((2, 3), np.float32), np.array([1, 2]),
@@ -59,3 +66,11 @@ def test_bad_arguments_are_value_errors(kw, match):
 def test_bad_logits_are_value_errors(logits):
     with pytest.raises(ValueError, match="logits"):
         sample_next(logits, np.random.default_rng(0))
+
+
+def test_a_penalty_that_overflows_a_recent_logit_is_refused():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="past float64"):  # 2.0 / 5e-324 is inf
+            sample_next(np.array([2.0, 1.0], np.float32), np.random.default_rng(0), repetition_penalty=5e-324,
+                        recent_tokens=[0])
