@@ -27,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tern.core.records import append_jsonl, checkout_commit, run_metadata
+from tern.probe.timing import CompileClock
 
 TOP = 25  # slowest functions kept per row
 
@@ -58,8 +60,10 @@ def exclusive_seconds(events: list[tuple[str, float, str]]) -> dict[str, dict[st
     return out
 
 
-def record_compiles() -> list[tuple[str, float, str]]:
-    """Start recording numba's compile events; returns the list they are appended to."""
+@contextmanager
+def record_compiles():
+    """Inside the block, numba's compile events are appended to the yielded list; the listener
+    is removed after it."""
     from numba.core import event
 
     events: list[tuple[str, float, str]] = []
@@ -75,29 +79,33 @@ def record_compiles() -> list[tuple[str, float, str]]:
         def on_end(self, ev):
             events.append(("end", time.perf_counter(), name(ev)))
 
-    event.register("numba:compile", Listener())
-    return events
+    listener = Listener()
+    event.register("numba:compile", listener)
+    try:
+        yield events
+    finally:
+        event.unregister("numba:compile", listener)
 
 
 def worker(model: str, threads: list[int]) -> dict:
     """In a process with an empty numba cache: seconds to build and step each Engine, and the
     compile events' totals (the slowest TOP functions by exclusive seconds)."""
-    events = record_compiles()
-    t0 = time.perf_counter()
-    from tern.run.engine import Engine
-
-    import_s = time.perf_counter() - t0
     engine_s = {}
-    for t in threads:
-        t1 = time.perf_counter()
-        eng = Engine(model, threads=t)
-        eng.step(1)
-        eng.step(2)
-        engine_s[str(t)] = time.perf_counter() - t1
+    with record_compiles() as events, CompileClock() as clock:  # the probe's own compile clock for the total
+        t0 = time.perf_counter()
+        from tern.run.engine import Engine
+
+        import_s = time.perf_counter() - t0
+        for t in threads:
+            t1 = time.perf_counter()
+            eng = Engine(model, threads=t)
+            eng.step(1)
+            eng.step(2)
+            engine_s[str(t)] = time.perf_counter() - t1
     per_fn = exclusive_seconds(events)
     slowest = sorted(per_fn.items(), key=lambda kv: -kv[1]["exclusive_s"])[:TOP]
     return {"import_s": import_s, "engine_s": engine_s,
-            "compile_s": sum(f["exclusive_s"] for f in per_fn.values()),
+            "compile_s": clock.seconds,
             "compiles": sum(int(f["compiles"]) for f in per_fn.values()),
             "functions": [{"name": n, **f} for n, f in slowest]}
 

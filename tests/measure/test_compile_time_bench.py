@@ -32,17 +32,16 @@ def test_exclusive_seconds_subtract_the_nested_compiles(ct):
 
 
 def test_the_recorder_sees_a_real_nested_compile(ct):
-    events = ct.record_compiles()
+    with ct.record_compiles() as events:
+        @numba.njit
+        def inner(x):
+            return x + 1
 
-    @numba.njit
-    def inner(x):
-        return x + 1
+        @numba.njit
+        def outer(x):
+            return inner(x) * 2
 
-    @numba.njit
-    def outer(x):
-        return inner(x) * 2
-
-    assert outer(3) == 8
+        assert outer(3) == 8
     got = ct.exclusive_seconds(events)
     names = {n.rsplit(".", 1)[-1]: f for n, f in got.items()}
     assert names["outer"]["compiles"] == 1 and names["inner"]["compiles"] == 1
