@@ -106,8 +106,7 @@ def _mixer(buf, aux, G, T, LI, l, eps, ssm_h, conv, kc, vc, pos, work, iwork, ac
     else:
         ops.bitlinear(buf, aux, G, T[l, ops.F_IN], T[l, ops.F_IN_S], 3 * D, D, xq, xs, xd, uz)
         t = _lap(t, acc, C_MIX)
-        ops.store_kv(kc[si], vc[si], uz, D, pos[0] % W)
-        ops.attend(uz[:D], kc[si], vc[si], pos[0], sc, y)
+        ops.attend(uz[:D], kc[si], vc[si], uz, D, W, G[ops.G_NH], G[ops.G_ATTN_BLOCKS], pos[0], sc, y)
         t = _lap(t, acc, C_ATTN)
         xs = ops.quant(G, y[:D], xq, xd, eps)
         t = _lap(t, acc, C_QUANT)

@@ -1,5 +1,5 @@
-"""Two of the engine's non-matrix-pass kernels timed alone, per checkout: the SSM scan step and the
-activation-skip matvec (issue 16: what a DRAM-bound token spends beyond the row passes).
+"""The engine's non-matrix-pass kernels timed alone, per checkout: the SSM scan step, the
+activation-skip matvec and attention (issue 16: what a DRAM-bound token spends beyond the row passes).
 
 * ``scan``: tern.kernels.ssm_step.selective_scan_step at one layer's shape (``--scan`` DIxRxN,
   default the d2560 10B picks' 5120 x 160 x 16, fp16 dt projection), its tensors cycled over
@@ -8,6 +8,12 @@ activation-skip matvec (issue 16: what a DRAM-bound token spends beyond the row 
 * ``skip``: tern.kernels.kernels_ternary.ternary_matvec_skip on ``--skip`` INPUTSxOUTPUTS transposed
   matrices (default the pick's expert down projection, 640 x 2560) at a fraction of nonzero inputs
   (0, 0.25, 0.5, 1: the fixed cost and the cost a row), in cache, and over ``--ws-mib`` MiB (DRAM, 0.25).
+* ``attention``: one token's attention (tern.kernels.attention since session 46, else
+  tern.kernels.ops.attend on per-head caches) over ``--attention`` HEADSxHEAD_DIMxWINDOW key / value
+  ring buffers (default the 9.7B MoE peer's 16 x 64, window 512) at ``--positions`` cached positions,
+  in the layout the checkout's engine keeps them, one layer (cache) and cycled over ``--ws-mib`` MiB.
+
+``--cases`` picks which (default all three).
 
 Each ``--code-root`` checkout runs in its own process with its own numba cache, checkouts alternating
 in every round, so a drifting VM slows all alike (as benchmarks/code_ab.py does for whole decodes).
@@ -44,6 +50,36 @@ def _per_call(fn, n_items: int, min_time_s: float = 0.3) -> float:
 
     t = timed_runs(run, TimingConfig(min_time_s=min_time_s, repeats=3))
     return min(s / c for c, s in zip(t.counts, t.seconds, strict=True))
+
+
+def attention_cases(attn: tuple[int, int, int], positions: list[int], ws_bytes: int) -> dict[str, float]:
+    """Microseconds of one token's attention over every head at each number of cached positions,
+    one layer's caches (cache) and layers cycled over ws_bytes (DRAM), with this checkout's layout."""
+    import numpy as np
+
+    from tern.kernels import ops
+    nh, hd, win = attn
+    rng = np.random.default_rng(0)
+    slot_major = hasattr(ops, "attend_block")  # tern.kernels.attention (session 46): flat slot-major caches
+    shape = (win * nh * hd,) if slot_major else (nh, win, hd)
+    nl = max(1, ws_bytes // (2 * win * nh * hd * 4))
+    kcs = [rng.standard_normal(shape).astype(np.float32) for _ in range(nl)]
+    vcs = [rng.standard_normal(shape).astype(np.float32) for _ in range(nl)]
+    uz, y = rng.standard_normal(3 * nh * hd).astype(np.float32), np.zeros(nh * hd, np.float32)
+    q = uz[:nh * hd]
+    sc = np.zeros(nh * (win + getattr(ops, "SCORE_PAD", 0)), np.float32)
+    out = {}
+    for n in positions:
+        t = np.int64(n - 1)
+        if slot_major:
+            def call(i, t=t):
+                ops.attend(q, kcs[i], vcs[i], uz, np.int64(nh * hd), np.int64(win), np.int64(nh), np.int64(1), t, sc, y)
+        else:
+            def call(i, t=t):
+                ops.attend(q, kcs[i], vcs[i], t, sc, y)
+        out[f"attn_cache_n{n}_us"] = _per_call(call, 1) * 1e6
+        out[f"attn_dram_n{n}_us"] = _per_call(call, nl) * 1e6
+    return out
 
 
 def worker(scan: tuple[int, int, int], skip: tuple[int, int], ws_bytes: int) -> dict[str, float]:
@@ -89,12 +125,19 @@ def worker(scan: tuple[int, int, int], skip: tuple[int, int], ws_bytes: int) -> 
     return out
 
 
-def _scan_dims(text: str) -> tuple[int, int, int]:
-    """``DIxRxN`` -> (d_inner, dt_rank, d_state), each >= 1."""
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"a scan shape is DIxRxN of positive integers, e.g. 5120x160x16; got {text!r}")
-    return tuple(int(p) for p in parts)
+def _three_dims(what: str, example: str):
+    """An argparse type: ``AxBxC`` of positive integers -> a 3-tuple, else a clear error."""
+    def parse(text: str) -> tuple[int, int, int]:
+        parts = text.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"{what} is {example.replace('=', ' of positive integers, e.g. ')}; got {text!r}")
+        return tuple(int(p) for p in parts)
+    return parse
+
+
+_scan_dims = _three_dims("a scan shape", "DIxRxN=5120x160x16")
+_attn_dims = _three_dims("an attention shape", "HEADSxHEAD_DIMxWINDOW=16x64x512")
+CASES = ("scan", "skip", "attention")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,21 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scan", type=_scan_dims, default=(5120, 160, 16), help="DIxRxN of the scan step")
     ap.add_argument("--skip", type=parse_shape, default=(640, 2560),
                     help="INPUTSxOUTPUTS of the skip matvec (outputs a multiple of 256)")
+    ap.add_argument("--attention", type=_attn_dims, default=(16, 64, 512), help="HEADSxHEAD_DIMxWINDOW of the attention")
+    ap.add_argument("--positions", type=int, nargs="+", default=[32, 128], help="cached positions a token attends over")
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which kernels to time")
     ap.add_argument("--ws-mib", type=int, default=256, help="MiB cycled for the DRAM cases")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="results/bench/scan_skip_kernels.jsonl", help="JSONL rows are appended here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.scan, args.skip, args.ws_mib << 20)))
+        res = worker(args.scan, args.skip, args.ws_mib << 20) if {"scan", "skip"} & set(args.cases) else {}
+        res = {k: v for k, v in res.items() if k.split("_")[0] in args.cases}
+        if "attention" in args.cases:
+            res.update(attention_cases(args.attention, args.positions, args.ws_mib << 20))
+        print(json.dumps(res))
         return 0
     from tern.core.records import append_jsonl, checkout_commit, run_metadata, summarize
 
     roots = [Path(r).resolve() for r in args.code_root]
     bad = [str(r) for r in roots if not (r / "tern" / "__init__.py").is_file()]
-    if bad or args.rounds < 1 or args.ws_mib < 1:
+    if bad or args.rounds < 1 or args.ws_mib < 1 or min(args.positions) < 1 or max(args.positions) > args.attention[2]:
         print(f"scan_skip_kernels: not tern checkouts: {bad}" if bad else
-              "scan_skip_kernels: --rounds and --ws-mib must be >= 1", file=sys.stderr)
+              "scan_skip_kernels: --rounds and --ws-mib must be >= 1, --positions within 1 .. the window", file=sys.stderr)
         return 2
     runs: dict[Path, list[dict]] = {r: [] for r in roots}
     for rnd in range(args.rounds):
@@ -125,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             cache = ROOT / "results" / f"numba-cache-scan-skip-{roots.index(root)}"
             env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(cache)}
             cmd = [sys.executable, __file__, "--worker", "--scan", "x".join(map(str, args.scan)),
-                   "--skip", "x".join(map(str, args.skip)), "--ws-mib", str(args.ws_mib)]
+                   "--skip", "x".join(map(str, args.skip)), "--ws-mib", str(args.ws_mib),
+                   "--attention", "x".join(map(str, args.attention)), "--positions", *map(str, args.positions),
+                   "--cases", *args.cases]
             res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
             if res.returncode != 0:
                 print(f"scan_skip_kernels: the run in {root} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
@@ -139,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             us = summarize([r[case] for r in runs[root]])
             append_jsonl(args.out, {**run_metadata(threads=1), "benchmark": "scan_skip_kernels", "code_root": str(root),
                                     "code_commit": commit, "case": case, "scan": list(args.scan), "skip": list(args.skip),
+                                    "attention": list(args.attention),
                                     "ws_bytes": args.ws_mib << 20, "rounds": args.rounds, "us_per_call": us})
             print(f"{commit[:12]} {case}: {us['median']:.1f} us a call")
     return 0

@@ -10,7 +10,7 @@ head/embedding addresses). Index constants below name the columns.
 
 Scratch lives in one float32 ``work`` and one int8 ``iwork`` array (carved by
 :func:`carve`), the recurrent state in ``ssm_h`` (n_ssm, N, Di) (transposed), ``conv`` (n_ssm, K-1, Di),
-``kc`` / ``vc`` (n_attn, heads, window, head_dim) and ``pos`` (1,) (tokens seen), so a token allocates
+``kc`` / ``vc`` (n_attn, window x d_model) (blocks of heads, each slot-major: tern.kernels.attention) and ``pos`` (1,) (tokens seen), so a token allocates
 nothing. :func:`token_step` is the fused per-token loop; :func:`embed_step`,
 :func:`mixer_step`, :func:`ffn_step` and :func:`head_step` are the same work called one
 layer at a time from Python (the unfused rung of the ladder).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tern.kernels.attention import SCORE_PAD, attend, attend_block, attention_caches  # noqa: F401  (also this module's API)
 from tern.kernels.cache_guard import NO_ADDR, ZERO, drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec_next, blocked16_matvec_par
@@ -48,7 +49,7 @@ from tern.kernels.kernels_ternary import (
 )
 from tern.kernels.prefetch import CHAIN_PREFETCH
 from tern.kernels.quant import quantize_act
-from tern.kernels.routing import pick_experts, softmax
+from tern.kernels.routing import pick_experts
 from tern.kernels.ssm_step import causal_conv, selective_scan_step, silu, softplus  # noqa: F401  (also this module's API)
 
 # ---- table columns ----------------------------------------------------------------------
@@ -88,7 +89,8 @@ G_DT_KIND = 31  # the SSM dt projections' stored dtype (ModelConfig.dt_format): 
 # G_BLOCKED 1: every row-oriented ternary2 matrix is in the blocked16 layout (16 rows one stream,
 # tern.kernels.kernels_blocked; the engine's layout option); 0: rows as stored
 G_BLOCKED = 32
-N_GLOBALS = 33
+G_ATTN_BLOCKS = 33  # blocks of whole heads each attention cache is kept in (tern.kernels.attention)
+N_GLOBALS = 34
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
 ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
@@ -119,7 +121,7 @@ def base_work_sizes(G):
     D, Di, N, R = G[G_D], G[G_DI], G[G_N], G[G_R]
     H, E, W = G[G_HMAX], G[G_EMAX], G[G_WIN]
     wide = max(D, max(Di, H))
-    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + W + 2 * E + wide + H + 2 * B3_PAD, wide + H
+    return 4 * D + max(2 * Di, 3 * D) + Di + (R + 2 * N) + 2 * Di + 2 * H + G[G_NH] * (W + SCORE_PAD) + 2 * E + wide + H + 2 * B3_PAD, wide + H
 
 
 @numba.njit(cache=True)
@@ -133,8 +135,8 @@ def work_sizes(G: np.ndarray) -> tuple[int, int]:
     """Lengths of the float32 and int8 scratch arrays the per-token step carves."""
     nf, ni = (int(v) for v in base_work_sizes(G))
     P, H = int(G[G_THREADS]), int(G[G_HMAX])
-    if P > 1:  # expert-parallel scratch (carve_experts; hq in iwork), then attention's scores (carve_attn)
-        nf += int(experts_work_size(G)) + P * int(G[G_WIN])
+    if P > 1:  # expert-parallel scratch (carve_experts; hq in iwork)
+        nf += int(experts_work_size(G))
         ni += P * H
     return nf, ni
 
@@ -169,8 +171,8 @@ def carve(work, G):
     o += H
     u = work[o:o + H]
     o += H
-    sc = work[o:o + W]
-    o += W
+    sc = work[o:o + G[G_NH] * (W + SCORE_PAD)]  # every head's attention scores (tern.kernels.attention)
+    o += G[G_NH] * (W + SCORE_PAD)
     pr = work[o:o + E]
     o += E
     wk = work[o:o + E]
@@ -196,15 +198,6 @@ def carve_experts(work, iwork, G):
     hds = work[o:o + P * (H + B3_PAD)].reshape(P, H + B3_PAD)
     hqs = iwork[oi:oi + P * H].reshape(P, H)
     return eo_all, gs, us, hds, hqs
-
-
-@numba.njit(cache=True)
-def carve_attn(work, G):
-    """The one-region step's attention scratch after carve_experts': per item of heads (at
-    most one per thread) its W scores, (P, W) float32."""
-    P, W = G[G_THREADS], G[G_WIN]
-    o = base_work_sizes(G)[0] + experts_work_size(G)
-    return work[o:o + P * W].reshape(P, W)
 
 
 @numba.njit(cache=True)
@@ -422,64 +415,12 @@ def ssm_mixer(buf, aux, G, T, l, si, eps, ssm_h, conv, xn, xq, uz, uc, dbc, dt, 
 
 
 @numba.njit(**JIT)
-def attend_head(q, kc, vc, t, sc, y):
-    """y (hd,) = softmax(q k / sqrt(hd)) v of one head over its ring buffers kc, vc (W, hd)
-    at position t (the last min(t + 1, W) slots, oldest first); q (hd,), sc (>= W,) scratch.
-    Not inlined on purpose: every caller (one thread's loop over heads, the one-region step's
-    items of heads) runs this one compiled body, so the sums agree to the bit."""
-    W, hd = kc.shape
-    n = min(t + 1, W)
-    scale = np.float32(1.0 / np.sqrt(np.float32(hd)))
-    for j in range(n):  # oldest position first
-        sj = (t - n + 1 + j) % W
-        s = np.float32(0.0)
-        for c in range(hd):
-            s += q[c] * kc[sj, c]
-        sc[j] = s * scale
-    softmax(sc[:n])
-    for c in range(hd):
-        y[c] = 0.0
-    for j in range(n):
-        sj = (t - n + 1 + j) % W
-        p = sc[j]
-        for c in range(hd):
-            y[c] += p * vc[sj, c]
-
-
-@numba.njit(**JIT)
-def attend(q, kc, vc, t, sc, y):
-    """Attention at position t, head by head (:func:`attend_head`): kc, vc (NH, W, hd) the
-    per-head ring buffers, q / y (NH * hd,), sc (>= W,) scratch."""
-    NH, W, hd = kc.shape
-    for hh in range(NH):
-        attend_head(q[hh * hd:(hh + 1) * hd], kc[hh], vc[hh], t, sc, y[hh * hd:(hh + 1) * hd])
-
-
-@numba.njit(**JIT)
-def store_kv_head(kc, vc, uz, D, hh, slot):
-    """Head hh's part of the token's key and value (uz[D:2D], uz[2D:3D]) into slot ``slot``
-    of the per-head ring buffers kc, vc (NH, W, hd)."""
-    hd = kc.shape[2]
-    for c in range(hd):
-        kc[hh, slot, c] = uz[D + hh * hd + c]
-        vc[hh, slot, c] = uz[2 * D + hh * hd + c]
-
-
-@numba.njit(**JIT)
-def store_kv(kc, vc, uz, D, slot):
-    """Every head's key and value into slot ``slot`` (:func:`store_kv_head`)."""
-    for hh in range(kc.shape[0]):
-        store_kv_head(kc, vc, uz, D, hh, slot)
-
-
-@numba.njit(**JIT)
 def attn_mixer(buf, aux, G, T, l, ai, eps, t, kc, vc, xn, xq, uz, y, sc, xd, out):
     """Sliding-window attention step of layer l (cache index ai) at position t."""
     D, W = G[G_D], G[G_WIN]
     xs = quant(G, xn, xq, xd, eps)
     bitlinear_then(buf, aux, G, T[l, F_IN], T[l, F_IN_S], 3 * D, D, xq, xs, xd, uz, T[l, F_OUT], mat_bytes(G, D, D))
-    store_kv(kc[ai], vc[ai], uz, D, t % W)
-    attend(uz[:D], kc[ai], vc[ai], t, sc, y)
+    attend(uz[:D], kc[ai], vc[ai], uz, D, W, G[G_NH], G[G_ATTN_BLOCKS], t, sc, y)
     xs = quant(G, y[:D], xq, xd, eps)
     bitlinear(buf, aux, G, T[l, F_OUT], T[l, F_OUT_S], D, D, xq, xs, xd, out)
 
@@ -635,5 +576,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", COMPILED_SETTINGS)  # constants compiled in
+         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", "attention.py", COMPILED_SETTINGS)  # constants compiled in
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

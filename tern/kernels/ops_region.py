@@ -53,6 +53,7 @@ from tern.kernels.ops import (
     F_XP_S,
     G_ACT,
     G_ACT_SKIP,
+    G_ATTN_BLOCKS,
     G_D,
     G_DI,
     G_EMBED,
@@ -96,7 +97,6 @@ from tern.kernels.region_items import (
     REGION_DEPS,
     RP_ITEMS,
     RP_MIN_WEIGHTS,
-    attn_items,
     attn_phase,
     dense_phase,
     end_solo,
@@ -199,14 +199,13 @@ def mixer_phases(ctr, p, pend, buf, aux, G, Gs, rp, T, LI, l, eps, t, ssm_h, con
     ai, W = LI[l, L_STATE], G[G_WIN]
     p = mat_phase(ctr, p, n_items(G, rp, 3 * D, D), buf, aux, Gs, T[l, F_IN], T[l, F_IN_S], 3 * D, D,
                   xq, scal[S_MIX], xd, uz, NO_ADDR, NO_ADDR, uz)
-    na = attn_items(G, D, G[G_NH])
+    na = G[G_ATTN_BLOCKS]  # region_items.attn_items, set at load: the caches' blocks of heads
     if na > 1:  # heads over the threads, then the output's quantization as one item
-        p = attn_phase(ctr, p, na, uz, D, kc[ai], vc[ai], t, ops.carve_attn(work, G), y)
+        p = attn_phase(ctr, p, na, uz, D, W, G[G_NH], kc[ai], vc[ai], t, sc, y)
     mine = solo(ctr, p)
     if mine:
         if na == 1:
-            ops.store_kv(kc[ai], vc[ai], uz, D, t % W)
-            ops.attend(uz[:D], kc[ai], vc[ai], t, sc, y)
+            ops.attend(uz[:D], kc[ai], vc[ai], uz, D, W, G[G_NH], na, t, sc, y)
         scal[S_MIX] = ops.quant(G, y[:D], xq, xd, eps)
     p = end_solo(ctr, p, mine)
     return mat_phase(ctr, p, n_items(G, rp, D, D), buf, aux, Gs, T[l, F_OUT], T[l, F_OUT_S], D, D,

@@ -61,9 +61,10 @@ REGION_ROW_ALIGN = 16  # rows per item are a multiple of this (the 4-row passes 
 REGION_SCAN_MIN_WEIGHTS = 1 << 17
 # The one-region step splits an attention layer's heads over the threads (one item of whole heads per
 # thread; each stores its heads' key and value and attends them, then the output's quantization is a
-# single item) from this d_model on, and with at least two heads. The key / value caches are laid out
-# per head, (heads, window, head_dim), so a head reads contiguous rows, and every head runs one
-# compiled body (tern.kernels.ops.attend_head), which keeps the logits identical at any thread count.
+# single item) from this d_model on, and with at least two heads. Every item runs one compiled body
+# (tern.kernels.attention.attend_heads) on its heads of the slot-major key / value caches (window,
+# d_model; per head (heads, window, head_dim) from session 27 to 45), which keeps the logits identical
+# at any thread count.
 # 512 until session 36 (EnginePolicy.region_attn_min_d records which); at 256 the 5.6M peer (d_model 256,
 # 6 attention layers of 4 heads), whose one-item attention was 19 of its 33 us a token of single-item work
 # at 2 threads, went 8,307 / 8,049 / 8,507 / 8,631 -> 9,013 / 9,087 / 9,209 / 8,583 tok/s (4 alternating

@@ -180,22 +180,16 @@ def attn_items(G, D, NH):
 
 
 @numba.njit(cache=True)
-def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
-    """Phase p: attention at position t in n items of whole heads. Each item stores its
-    heads' key and value (uz[D:2D], uz[2D:3D]) in slot t % W of the per-head caches kc, vc
-    (NH, W, hd), then runs ops.attend_head on each with its own scores row scs[i] (scs
-    (>= n, W)): the same values as ops.store_kv + ops.attend in one item."""
-    NH, W, hd = kc.shape
-    slot = t % W
+def attn_phase(ctr, p, n, uz, D, W, NH, kc, vc, t, sc, y):
+    """Phase p: attention at position t in n items, item i the i-th of the n blocks of whole heads
+    one layer's flat caches kc, vc (W * D,) are kept in (tern.kernels.attention: G_ATTN_BLOCKS,
+    :func:`attn_items`): it stores its heads' key and value in slot t % W and attends them, the same
+    compiled body and values as the one-thread step's block after block (ops.attend)."""
     while True:
         i = claim(ctr, p)
         if i >= n:
             break
-        h0, h1 = item_rows(NH, n, i, 1)
-        for hh in range(h0, h1):
-            o = hh * hd
-            ops.store_kv_head(kc, vc, uz, D, hh, slot)
-            ops.attend_head(uz[o:o + hd], kc[hh], vc[hh], t, scs[i], y[o:o + hd])
+        ops.attend_block(uz[:D], kc, vc, uz, D, W, NH, n, i, t, sc, y)
         finish(ctr, p)
     wait_done(ctr, p, n)
     return p + 1
@@ -205,5 +199,5 @@ def attn_phase(ctr, p, n, uz, D, kc, vc, t, scs, y):
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py",
                "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", "ssm_step.py",
-               "kernels_unpack.py", "cache_guard.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
+               "kernels_unpack.py", "cache_guard.py", "attention.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

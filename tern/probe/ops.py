@@ -57,6 +57,7 @@ from tern.core.engine_tuning import for_threads
 from tern.core.host_profile import OpCost
 from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
+from tern.kernels.attention import SCORE_PAD
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.region import phase_counters
@@ -168,9 +169,9 @@ def _drivers():
             ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
 
     @numba.njit(cache=True)
-    def attn(q, kc, vc, t, sc, y, count):
+    def attn(uz, kc, vc, D, W, nh, t, sc, y, count):
         for _ in range(count):
-            ops.attend(q, kc, vc, t, sc, y)
+            ops.attend(uz[:D], kc, vc, uz, D, W, nh, np.int64(1), t, sc, y)
 
     @numba.njit(cache=True)
     def vector(x, g, xn, xq, count):
@@ -206,7 +207,7 @@ def _drivers():
 ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "kernels_blocked.py", "simd.py",
                                               "ops.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_b3.py",
                                               "kernels_stored.py", "prefetch.py", "region.py", "routing.py",
-                                              "ssm_step.py", "kernels_unpack.py"))
+                                              "ssm_step.py", "kernels_unpack.py", "attention.py", "cache_guard.py"))
 
 
 def engine_kernel_deps() -> tuple[str, ...]:
@@ -292,10 +293,11 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         return (lambda n: d["ssm"](dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, n)), di * rk, float(di * ns)
     if op == "attention":
         dm, nh, npos = shape
-        kc = rng.standard_normal((nh, npos, dm // nh)).astype(f32)  # per-head ring buffers, as the engine's
-        vc = rng.standard_normal((nh, npos, dm // nh)).astype(f32)
-        q, sc, y = rng.standard_normal(dm).astype(f32), np.zeros(npos, f32), np.zeros(dm, f32)
-        return (lambda n: d["attn"](q, kc, vc, npos - 1, sc, y, n)), 0, float(npos * dm)
+        kc = rng.standard_normal(npos * dm).astype(f32)  # one block of every head, slot-major, as the engine's one thread
+        vc = rng.standard_normal(npos * dm).astype(f32)
+        uz, sc, y = rng.standard_normal(3 * dm).astype(f32), np.zeros(nh * (npos + SCORE_PAD), f32), np.zeros(dm, f32)
+        args = (uz, kc, vc, np.int64(dm), np.int64(npos), np.int64(nh), np.int64(npos - 1), sc, y)
+        return (lambda n: d["attn"](*args, n)), 0, float(npos * dm)
     if op == "vector":
         (length,) = shape
         x, g = rng.standard_normal(length).astype(f32), np.ones(length, f32)

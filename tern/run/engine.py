@@ -67,7 +67,7 @@ import numpy as np
 
 from tern.core.config import tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
-from tern.kernels import ops, ops_region
+from tern.kernels import ops, ops_region, region_items
 from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.kernels_stored import DENSE_KINDS
@@ -282,8 +282,8 @@ class Engine:
         head = "embed.weight" if cfg.tie_embeddings else "head.weight"
         G[ops.G_HEAD], G[ops.G_HEAD_S], G[ops.G_HEAD_KIND] = self._dense(aux, head)
         G[ops.G_ROUTER_KIND], G[ops.G_DT_KIND] = router_kind, DENSE_KINDS[cfg.dt_format]  # dt: ops.scan_channels
-        G[ops.G_B3] = int(self._b3_direct)
-        G[ops.G_BLOCKED] = int(self.layout == "blocked16")
+        G[ops.G_B3], G[ops.G_BLOCKED] = int(self._b3_direct), int(self.layout == "blocked16")
+        G[ops.G_ATTN_BLOCKS] = region_items.attn_items(G, cfg.d_model, cfg.n_heads) if self.region else 1  # the caches' head blocks
         G[ops.G_NORM_F] = self._file_addr("norm_f.weight")
         routed = G.copy()  # ops.routed_globals: the routed experts' row
         routed[ops.G_STREAM_RB] = self.stream_row_bytes[1]
@@ -300,8 +300,7 @@ class Engine:
         Di, N, K, D, W = cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.d_model, cfg.attn_window
         self.ssm_h = np.zeros((self.n_ssm, N, Di), np.float32)  # SSM states, transposed
         self.conv = np.zeros((self.n_ssm, K - 1, Di), np.float32)  # conv tails (oldest first)
-        kv = (self.n_attn, cfg.n_heads, W, D // cfg.n_heads)  # per head: contiguous (W, head_dim) blocks
-        self.kc, self.vc = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # key / value ring buffers
+        self.kc, self.vc = ops.attention_caches(self.n_attn, W, D)  # key / value ring buffers (tern.kernels.attention)
         self.pos = np.zeros(1, np.int64)  # tokens seen since reset
         nf, ni = ops.work_sizes(self.G)
         self.work = np.zeros(nf, np.float32)

@@ -19,7 +19,7 @@ from tern.kernels.cache_guard import NO, NO_ADDR, ONE, YES, ZERO
 ROOT = Path(__file__).resolve().parents[2]
 # the per-token modules: every call between their njit functions
 ENGINE_MODULES = ("tern/kernels/ops.py", "tern/kernels/ops_region.py", "tern/kernels/region_items.py",
-                  "tern/kernels/region.py")
+                  "tern/kernels/region.py", "tern/kernels/attention.py")
 
 
 def test_numba_specialises_on_literals_but_not_on_the_numpy_constants():

@@ -187,15 +187,21 @@ def test_region_fallback_runs_on_one_thread(monkeypatch):
 
 
 @needs_two
-def test_region_fallback_gives_the_same_logits(files, monkeypatch):
+@pytest.mark.parametrize("variant", ["silu", "attn_split"])
+def test_region_fallback_gives_the_same_logits(files, monkeypatch, variant):
     """A region engine whose clock says every other token stalled switches to the one-thread
-    step and back; the logits never change."""
+    step and back; the logits never change. attn_split: the one-thread step then reads the
+    attention caches in the region's two blocks of heads (5 and 4, tern.kernels.attention)."""
+    from tern.kernels import ops
     from tern.run import region_watch as rw
 
     monkeypatch.setattr(rw, "FALLBACK_TOKENS", 3)
-    tokens = np.arange(40) * 7 % SMALL.vocab_size
-    ref = _run(Engine(files["silu"]), tokens)
-    eng = Engine(files["silu"], threads=2, region=True)
+    cfg = VARIANTS[variant][0]
+    tokens = np.arange(40) * 7 % cfg.vocab_size
+    ref = _run(Engine(files[variant]), tokens)
+    eng = Engine(files[variant], threads=2, region=True)
+    assert eng.G[ops.G_ATTN_BLOCKS] == (2 if variant == "attn_split" else 1)
+    assert Engine(files[variant], threads=1).G[ops.G_ATTN_BLOCKS] == 1
     ticks = iter(np.cumsum([1e-4 if i < 2 * rw.MIN_SAMPLES else (1e-4 if i % 2 == 0 else 1.0)
                             for i in range(1000)]))
     eng.region_runner.clock = lambda: float(next(ticks))
