@@ -2,7 +2,7 @@
 
 Each attention layer keeps its last ``W`` (attn_window) keys and values in one flat cache per
 layer, (W x D,), D = heads x head_dim, split into ``nb`` blocks of whole heads
-(:func:`head_range`; ``nb`` = the engine's G_ATTN_BLOCKS: the one-region step's attention items,
+(tern.kernels.region.item_rows; ``nb`` = the engine's G_ATTN_BLOCKS: the one-region step's attention items,
 one per thread, and 1 on one thread). Each block is **slot-major**: (W, its heads x head_dim), slot
 ``position % W`` holding the block's heads' keys (values) of that position side by side. A token's
 attention of one block reads its used key slots once front to back (every head's scores), then its
@@ -28,32 +28,12 @@ import numpy as np
 
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_stored import JIT
+from tern.kernels.prefetch import CACHE_LINE_BYTES
+from tern.kernels.region import item_rows
 from tern.kernels.routing import softmax
 
-LINE_BYTES = 64
-LINE_FLOATS = LINE_BYTES // 4  # float32 values in a cache line
+LINE_FLOATS = CACHE_LINE_BYTES // 4  # float32 values in a cache line
 SCORE_PAD = 2 * LINE_FLOATS  # the scores scratch holds heads x (window + SCORE_PAD) floats (attend_heads)
-
-
-def attention_caches(n_layers: int, W: int, D: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed key and value caches, (n_layers, W * D) float32 each, starting on a cache line. numpy's
-    own large arrays start 16 bytes past a page here, so each 64-byte-multiple row of a block would
-    straddle one line more than it covers, and two threads storing neighbouring blocks' columns would
-    share a line."""
-    def zeros() -> np.ndarray:
-        raw = np.zeros(n_layers * W * D * 4 + LINE_BYTES, np.uint8)
-        off = (-raw.ctypes.data) % LINE_BYTES
-        return raw[off:off + n_layers * W * D * 4].view(np.float32).reshape(n_layers, W * D)
-    return zeros(), zeros()
-
-
-@numba.njit(cache=True, inline="always")
-def head_range(nh, nb, b):
-    """Heads [h0, h1) of block b of nb: ceil(nh / nb) a block, the last may be short (the
-    one-region step's attention items are these blocks: tern.kernels.region_items.attn_phase)."""
-    per = (nh + nb - 1) // nb
-    h0 = min(nh, b * per)
-    return h0, min(nh, h0 + per)
 
 
 @numba.njit(cache=True, inline="always")
@@ -116,7 +96,7 @@ def attend_block(q, kc, vc, uz, D, W, nh, nb, b, t, sc, y):
     """Block b of nb of one layer's flat caches kc, vc (W * D,): store the token's key and value
     of its heads in slot t % W, then attend them (:func:`attend_heads`)."""
     hd = D // nh
-    h0, h1 = head_range(nh, nb, b)
+    h0, h1 = item_rows(nh, nb, b, 1)  # the region step's attention item b: whole heads
     kb, vb = head_block(kc, W, hd, h0, h1), head_block(vc, W, hd, h0, h1)
     store_kv_block(kb, vb, uz, D, h0 * hd, t % W)
     attend_heads(q, kb, vb, t, h0, h1, hd, sc, y)
@@ -129,4 +109,4 @@ def attend(q, kc, vc, uz, D, W, nh, nb, t, sc, y):
         attend_block(q, kc, vc, uz, D, W, nh, nb, np.int64(b), t, sc, y)
 
 
-drop_stale_cache(__file__, ("routing.py", "fastmath.py", "kernels_stored.py", "cache_guard.py"), attend)  # cache hygiene
+drop_stale_cache(__file__, ("routing.py", "fastmath.py", "kernels_stored.py", "prefetch.py", "region.py"), attend)  # cache hygiene

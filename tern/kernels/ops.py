@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tern.kernels.attention import SCORE_PAD, attend, attend_block, attention_caches  # noqa: F401  (also this module's API)
+from tern.kernels.attention import SCORE_PAD, attend, attend_block  # noqa: F401  (also this module's API)
 from tern.kernels.cache_guard import NO_ADDR, ZERO, drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
 from tern.kernels.kernels_blocked import blocked16_dims, blocked16_matvec_next, blocked16_matvec_par
@@ -576,5 +576,5 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", "attention.py", COMPILED_SETTINGS)  # constants compiled in
+         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", "attention.py", "region.py", COMPILED_SETTINGS)  # constants compiled in
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

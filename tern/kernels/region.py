@@ -157,6 +157,15 @@ def atomic_max(typingctx, arr, idx, val):
 
 
 @numba.njit(cache=True, inline="always")
+def item_rows(rows, n, i, align):
+    """Rows [r0, r1) of work item i of n (contiguous, ``align``-aligned; the last may be short or
+    empty): how a phase's rows, output segments, channels or heads are shared out."""
+    per = ((rows + n - 1) // n + align - 1) // align * align
+    r0 = min(rows, i * per)
+    return r0, min(rows, r0 + per)
+
+
+@numba.njit(cache=True, inline="always")
 def claim(ctr, p):
     """The next unclaimed item of phase ``p`` (items are 0, 1, ...; >= the phase's count: none left)."""
     return atomic_add(ctr, p * STRIDE, 1)

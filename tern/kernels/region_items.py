@@ -22,7 +22,7 @@ from tern.kernels.policy import (
     REGION_SCAN_ALIGN,
     REGION_SCAN_MIN_WEIGHTS,
 )
-from tern.kernels.region import REGION_STAMP, claim, finish, wait_done
+from tern.kernels.region import REGION_STAMP, claim, finish, item_rows, wait_done
 
 # Region parameters ``rp`` (int64): [min_weights, items_per_thread]; the engine's defaults
 # and their measurements: tern.kernels.policy (REGION_MIN_WEIGHTS, REGION_ITEMS_PER_THREAD).
@@ -35,14 +35,6 @@ def n_items(G, rp, rows, cols):
     if rows * cols < rp[RP_MIN_WEIGHTS]:
         return 1
     return max(1, min(G[G_THREADS] * rp[RP_ITEMS], (rows + REGION_ROW_ALIGN - 1) // REGION_ROW_ALIGN))
-
-
-@numba.njit(cache=True, inline="always")
-def item_rows(rows, n, i, align=REGION_ROW_ALIGN):
-    """Rows [r0, r1) of item i of n (contiguous, ``align``-aligned; the last may be short or empty)."""
-    per = ((rows + n - 1) // n + align - 1) // align * align
-    r0 = min(rows, i * per)
-    return r0, min(rows, r0 + per)
 
 
 @numba.njit(cache=True, inline="always")
@@ -70,7 +62,7 @@ def mat_phase(ctr, p, n, buf, aux, Gs, w_addr, s_addr, rows, cols, xq, xs, xd, o
         if i >= total:
             break
         w, s, o = (w_addr, s_addr, out) if i < n else (w2, s2, out2)
-        r0, r1 = item_rows(rows, n, i % n)
+        r0, r1 = item_rows(rows, n, i % n, REGION_ROW_ALIGN)
         if r1 > r0:
             ops.bitlinear(buf, aux, Gs, w + 2 * ops.mat_bytes(Gs, r0, cols), s + 8 * r0, r1 - r0, cols,
                           xq, xs, xd, o[r0:r1])
@@ -90,7 +82,7 @@ def dense_phase(ctr, p, n, buf, aux, kind, w_addr, s_addr, rows, D, xn, out, rou
         i = claim(ctr, p)
         if i >= n:
             break
-        r0, r1 = item_rows(rows, n, i)
+        r0, r1 = item_rows(rows, n, i, REGION_ROW_ALIGN)
         if r1 > r0:
             w, s = w_addr + 2 * row_bytes * r0, s_addr + 8 * r0
             if router:

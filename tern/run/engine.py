@@ -85,8 +85,8 @@ from tern.kernels.policy import (
 from tern.kernels.region import phase_counters, thread_count_reader
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
+from tern.run import weights as wbuf  # AuxBuffer, huge_page_buffer / _copy, kernel_matrix, ...
 from tern.run.region_watch import RegionRunner
-from tern.run.weights import AuxBuffer, available_memory_bytes, huge_page_copy, kernel_matrix, tensor_ranges
 
 KERNELS = ("ternary", "fp32")
 STREAM_MODES = ("auto", "dram", "on", "off")  # streaming kernel for long rows of DRAM-resident pools
@@ -156,7 +156,7 @@ class Engine:
         if weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {WEIGHTS_MODES}, got {weights!r}")
         if weights == "auto":
-            weights = "copy" if copy_weights(self.model.file_bytes, available_memory_bytes()) else "map"
+            weights = "copy" if copy_weights(self.model.file_bytes, wbuf.available_memory_bytes()) else "map"
         self.weights = weights
         self.stream_row_bytes = (stream_row_bytes(self.cfg, self.llc_bytes, self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
@@ -171,7 +171,7 @@ class Engine:
     def _file_addr(self, stored: str) -> int:
         return self.model.offsets[stored] * 2
 
-    def _matrix(self, aux: AuxBuffer, name: str, orientation: str) -> tuple[int, int]:
+    def _matrix(self, aux: wbuf.AuxBuffer, name: str, orientation: str) -> tuple[int, int]:
         """(matrix address, scale address) of a BitLinear spec in this engine's kernel
         format: fp32 dequantized (rows, cols), or ternary2 packed in ``orientation``."""
         p = self.model.packing[name]
@@ -183,11 +183,11 @@ class Engine:
             self._file_unread.add(f"{name}.packed")
             return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
         b3 = self._b3_direct and orientation == "rows"  # G_B3: row matrices in the b3 layout
-        flat = kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows")
+        flat = wbuf.kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows")
         (self._file_read if flat is None else self._file_unread).add(f"{name}.packed")  # the weights copy skips unread
         return (self._file_addr(f"{name}.packed") if flat is None else aux.add(flat)), s_addr  # None: as stored
 
-    def _dense(self, aux: AuxBuffer, name: str) -> tuple[int, int, int]:
+    def _dense(self, aux: wbuf.AuxBuffer, name: str) -> tuple[int, int, int]:
         """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
         head / router matrix: fp32, int8 and (dense16 "direct") fp16 / bf16 straight from
         the file, else fp16 / bf16 converted to fp32 at load."""
@@ -207,7 +207,7 @@ class Engine:
             if est > FP32_BASELINE_MAX_BYTES:
                 raise ValueError(f"the fp32 baseline would dequantize ~{est / 2**30:.1f} GiB of weights "
                                  f"(limit {FP32_BASELINE_MAX_BYTES / 2**30:.0f} GiB); use kernel='ternary'")
-        aux, self._file_read, self._file_unread = AuxBuffer(), set(), set()
+        aux, self._file_read, self._file_unread = wbuf.AuxBuffer(), set(), set()
         L = cfg.n_layers
         T = np.full((L, ops.N_FIELDS), -1, np.int64)
         LI = np.full((L, ops.N_LINTS), -1, np.int64)
@@ -290,7 +290,7 @@ class Engine:
         G = np.concatenate([G, routed])
         self.G, self.T, self.LI = G, T, LI
         self.aux = aux.build()
-        self.buf = (huge_page_copy(m.buffer, tensor_ranges(m, self._file_unread - self._file_read))
+        self.buf = (wbuf.huge_page_copy(m.buffer, wbuf.tensor_ranges(m, self._file_unread - self._file_read))
                     if self.weights == "copy" else m.buffer)
         self.n_ssm, self.n_attn, self.n_moe = n_ssm, n_attn, n_moe
         self.eps = float(cfg.norm_eps)
@@ -300,7 +300,8 @@ class Engine:
         Di, N, K, D, W = cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.d_model, cfg.attn_window
         self.ssm_h = np.zeros((self.n_ssm, N, Di), np.float32)  # SSM states, transposed
         self.conv = np.zeros((self.n_ssm, K - 1, Di), np.float32)  # conv tails (oldest first)
-        self.kc, self.vc = ops.attention_caches(self.n_attn, W, D)  # key / value ring buffers (tern.kernels.attention)
+        self.kc, self.vc = (wbuf.huge_page_buffer(self.n_attn * W * D * 4).view(np.float32).reshape(self.n_attn, W * D)
+                            for _ in ("keys", "values"))  # ring buffers: tern.kernels.attention; rows on cache lines
         self.pos = np.zeros(1, np.int64)  # tokens seen since reset
         nf, ni = ops.work_sizes(self.G)
         self.work = np.zeros(nf, np.float32)

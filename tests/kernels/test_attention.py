@@ -1,10 +1,12 @@
 """tern.kernels.attention: the engine's attention over slot-major blocks of heads agrees with a
-plain numpy reference on the ring buffer, and gives the same bits whatever the number of blocks."""
+plain numpy reference on the ring buffer, and gives the same bits whatever the number of blocks.
+(The engine's caches start on a cache line: tests/run/test_engine_region.py.)"""
 
 import numpy as np
 import pytest
 
 from tern.kernels import attention as A
+from tern.kernels.region import item_rows
 
 
 def _reference(keys, values, nh):
@@ -25,7 +27,7 @@ def _reference(keys, values, nh):
 def _decode(nh, hd, W, nb, tokens, seed=0):
     """Outputs of ``tokens`` steps (T, D) and the (q, k, v) of every step."""
     D = nh * hd
-    kc, vc = A.attention_caches(1, W, D)
+    kc, vc = np.zeros((1, W * D), np.float32), np.zeros((1, W * D), np.float32)
     sc, y = np.zeros(nh * (W + A.SCORE_PAD), np.float32), np.zeros(D, np.float32)
     rng = np.random.default_rng(seed)
     outs, qkv = [], []
@@ -53,15 +55,8 @@ def test_blocks_of_heads_give_the_same_bits(nh, nb):
     assert np.array_equal(one, blocks)
 
 
-def test_head_ranges_cover_every_head_once():
+def test_item_rows_of_heads_cover_every_head_once():
     for nh in range(1, 20):
         for nb in range(1, nh + 1):
-            covered = [h for b in range(nb) for h in range(*A.head_range(nh, nb, b))]
+            covered = [h for b in range(nb) for h in range(*item_rows(nh, nb, b, 1))]
             assert covered == list(range(nh)), (nh, nb)
-
-
-def test_caches_start_on_a_cache_line_and_are_zero():
-    kc, vc = A.attention_caches(3, 16, 64)
-    for c in (kc, vc):
-        assert c.shape == (3, 16 * 64) and c.dtype == np.float32 and c.flags.c_contiguous
-        assert c.ctypes.data % A.LINE_BYTES == 0 and not c.any()

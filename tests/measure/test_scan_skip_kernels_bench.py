@@ -24,9 +24,23 @@ def test_one_row_per_case(sk, tmp_path, capsys):
     assert "a call" in capsys.readouterr().out
 
 
+def test_attention_cases_alone(sk, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    assert sk.main(["--cases", "attention", "--attention", "2x8x16", "--positions", "4", "16", "--ws-mib", "1",
+                    "--rounds", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["case"] for r in rows} == {f"attn_{w}_n{n}_us" for w in ("cache", "dram") for n in (4, 16)}
+    assert all(r["us_per_call"]["median"] > 0 and r["attention"] == [2, 8, 16] for r in rows)
+
+
 def test_bad_arguments_are_errors(sk, tmp_path):
     assert sk.main(["--code-root", str(tmp_path), "--out", str(tmp_path / "x.jsonl")]) == 2  # not a checkout
     assert sk.main(["--rounds", "0", "--out", str(tmp_path / "x.jsonl")]) == 2
     with pytest.raises(SystemExit):
         sk.main(["--scan", "12x3"])
+    assert sk.main(["--attention", "2x8x16", "--positions", "17", "--out", str(tmp_path / "x.jsonl")]) == 2  # past the window
+    assert sk.main(["--positions", "0", "--out", str(tmp_path / "x.jsonl")]) == 2
+    for bad in (["--attention", "2x8"], ["--cases", "bogus"]):
+        with pytest.raises(SystemExit):
+            sk.main(bad)
     assert not (tmp_path / "x.jsonl").exists()

@@ -8,6 +8,7 @@ import pytest
 from conftest import SMALL
 
 from tern.kernels import ops_region
+from tern.kernels.prefetch import CACHE_LINE_BYTES
 from tern.kernels.region import STRIDE, atomic_add, atomic_load, phase_counters
 from tern.packed.writer import random_model
 from tern.predict.inventory import region_phases
@@ -208,6 +209,16 @@ def test_region_fallback_gives_the_same_logits(files, monkeypatch, variant):
     got = _run(eng, tokens)
     assert np.array_equal(got, ref)
     assert eng.region_runner.switches >= 2  # fell back, retried, fell back again
+
+
+def test_attention_caches_start_on_a_cache_line_and_are_zero(files):
+    """The engine's key / value caches (tern.kernels.attention): one flat (window x d_model) row a
+    layer, zeroed, starting on a cache line so two threads' head blocks share no line."""
+    cfg = VARIANTS["attn_split"][0]
+    eng = Engine(files["attn_split"], threads=1)
+    for c in (eng.kc, eng.vc):
+        assert c.shape == (eng.n_attn, cfg.attn_window * cfg.d_model) and c.dtype == np.float32 and c.flags.c_contiguous
+        assert c.ctypes.data % CACHE_LINE_BYTES == 0 and not c.any()
 
 
 def test_region_bad_input_and_one_thread(files):
