@@ -161,7 +161,7 @@ def _ffn(buf, aux, G, T, LI, l, eps, work, iwork, counts, last, acc, t):
             t = _lap(t, acc, C_RESID)
         else:
             Gr = ops.routed_globals(G)
-            mb, db = 2 * ops.mat_bytes(G, H, D), 2 * ops.down_bytes(G, D, H)
+            mb, db = ops.routed_steps(G, T, l, H)
             for j in range(k):  # chosen is ascending: the engine's order (MoE skip; breakdown checks it)
                 e, w = chosen[j], wk[j]
                 t = _gated_mlp(buf, aux, Gr, T[l, ops.F_EG] + e * mb, T[l, ops.F_EG_S] + 8 * e * H,

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from tern.core.config import ModelConfig
@@ -46,6 +47,20 @@ def small_cfg() -> ModelConfig:
 @pytest.fixture(scope="session")
 def train_tiny_cfg() -> ModelConfig:
     return TRAIN_TINY
+
+
+def engine_logits(eng, tokens) -> np.ndarray:
+    """(T, V) float32: the logits an engine gives after each of ``tokens``, from a reset state."""
+    eng.reset()
+    return np.stack([eng.step(int(t)) for t in tokens])
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+    """A random-weight packed file of SMALL (seed 5), one per test module."""
+    from tern.packed.writer import random_model
+
+    return random_model(SMALL, tmp_path_factory.mktemp("small") / "small.tern", seed=5, progress=False)
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:

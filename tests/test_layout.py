@@ -28,7 +28,7 @@ MAX_MODULE_LINES = 450
 # Modules allowed over the limit, with the most lines each may have. This list must shrink:
 # an entry whose module drops under the limit fails the test until it is removed.
 OVERSIZED = {
-    "tern/kernels/ops.py": 580,  # the engine's fused per-token ops (one numba module)
+    "tern/kernels/ops.py": 573,  # the engine's fused per-token ops (one numba module)
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tern.kernels.activation import ACT_DRELU, ACT_RELU2, ACT_SILU, gated_act  # noqa: F401  (also this module's API)
 from tern.kernels.attention import SCORE_PAD, attend, attend_block  # noqa: F401  (also this module's API)
 from tern.kernels.cache_guard import NO_ADDR, ZERO, drop_stale_cache
 from tern.kernels.kernels_b3 import b3_matvec_xp, b3_matvec_xp_par, b3_permute
@@ -62,7 +63,8 @@ F_ROUTER = 14
 F_SG, F_SG_S, F_SU, F_SU_S, F_SD, F_SD_S = 15, 16, 17, 18, 19, 20  # shared experts / dense MLP
 F_EG, F_EG_S, F_EU, F_EU_S, F_ED, F_ED_S = 21, 22, 23, 24, 25, 26  # routed experts
 F_ROUTER_S = 27  # row scales of an int8 router (-1: none)
-N_FIELDS = 28
+F_E_STEP = 28  # address step from one routed expert to the next when each one's gate, up, down lie together (-1: apart)
+N_FIELDS = 29
 # LI: per-layer integers
 L_KIND, L_STATE, L_NSH, L_HSH, L_MOE, L_E, L_HE, L_TOPK = 0, 1, 2, 3, 4, 5, 6, 7
 N_LINTS = 8
@@ -93,7 +95,6 @@ G_ATTN_BLOCKS = 33  # blocks of whole heads each attention cache is kept in (ter
 N_GLOBALS = 34
 B3_PAD = 80  # float32 entries xd / hd have beyond their widest input: the permuted b3 activations' padding
 KERNEL_FP32, KERNEL_TERNARY = 0, 1
-ACT_DRELU, ACT_RELU2, ACT_SILU = 0, 1, 2
 
 # ---- buffer access: u8, f32 (kernels_stored) ------------------------------------------------
 
@@ -347,23 +348,14 @@ def down_bytes(G, D, H):
     return mat_bytes(G, D, H)
 
 
-@numba.njit(**JIT)
-def gated_act(act, g, u, H):
-    """g[:H] = act(g, u) in place (dReLU, ReLU^2 or SiLU gating), one loop per activation and
-    the JIT flags so LLVM vectorises it: SiLU over 5,632 units 27.7 -> 1.9 us on AMD EPYC Zen 5
-    (the loop with the activation tested per unit, in a caller without the flags, stayed scalar:
-    18 % of a 5.6M model's token)."""
-    zero = np.float32(0.0)
-    if act == ACT_DRELU:
-        for j in range(H):
-            g[j] = max(g[j], zero) * max(u[j], zero)
-    elif act == ACT_RELU2:
-        for j in range(H):
-            r = max(g[j], zero)
-            g[j] = (r * r) * u[j]
-    else:
-        for j in range(H):
-            g[j] = silu(g[j]) * u[j]
+@numba.njit(cache=True, inline="always")
+def routed_steps(G, T, l, H):
+    """(gate and up, down) address steps from routed expert e of layer l to e + 1: one step for all three
+    where the engine keeps each expert's gate, up and down together (``T[l, F_E_STEP]``, its experts="together":
+    a token reads each chosen expert as one run), else each tensor's own matrix size (experts="apart")."""
+    if T[l, F_E_STEP] >= 0:
+        return T[l, F_E_STEP], T[l, F_E_STEP]
+    return 2 * mat_bytes(G, H, G[G_D]), 2 * down_bytes(G, G[G_D], H)
 
 
 @numba.njit(cache=True)
@@ -469,7 +461,7 @@ def routed_experts_par(buf, aux, Gs, T, l, chosen, k, H, xq, xs, xd, eps, eo_all
     the sequential path's."""
     D = Gs[G_D]
     P = gs.shape[0]
-    mb, db = 2 * mat_bytes(Gs, H, D), 2 * down_bytes(Gs, D, H)
+    mb, db = routed_steps(Gs, T, l, H)
     for c in numba.prange(P):
         for j in range(c, k, P):
             e = chosen[j]
@@ -537,7 +529,7 @@ def routed_sequential(buf, aux, G, Gr, T, l, chosen, wk, E, H, k, xq, xs, xd, g,
     """acc (D,) += the routed experts of layer l one after another (``Gr``: the globals they
     run with): the chosen ones (MoE skip) or every expert, weight 0 for those not chosen."""
     D = G[G_D]
-    mb, db = 2 * mat_bytes(G, H, D), 2 * down_bytes(G, D, H)
+    mb, db = routed_steps(G, T, l, H)
     j = 0
     for e in range(E):
         w = np.float32(0.0)
@@ -576,5 +568,6 @@ def token_step(buf, aux, G, T, LI, eps, token, ssm_h, conv, kc, vc, pos, work, i
 
 
 _DEPS = ("kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_stored.py", "prefetch.py",
-         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", "attention.py", "region.py", COMPILED_SETTINGS)  # constants compiled in
+         "routing.py", "ssm_step.py", "kernels_unpack.py", "cache_guard.py", "attention.py", "region.py", "activation.py",
+         COMPILED_SETTINGS)  # constants compiled in
 drop_stale_cache(__file__, _DEPS, token_step)  # numba cache hygiene (tern.kernels.cache_guard)

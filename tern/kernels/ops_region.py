@@ -299,7 +299,7 @@ def ffn_phases(ctr, p, tid, buf, aux, G, Gs, Grs, rp, T, LI, l, eps, work, iwork
         pend = ZERO
         if single:  # chosen is this layer's and stays until the next token: read after the routing phase
             e = chosen[0]
-            mb, db = 2 * ops.mat_bytes(Grs, He, D), 2 * ops.down_bytes(Grs, D, He)
+            mb, db = ops.routed_steps(Grs, T, l, He)
             p = expert_phases(ctr, p, buf, aux, G, Grs, rp, T[l, F_EG] + e * mb, T[l, F_EG_S] + 8 * e * He,
                               T[l, F_EU] + e * mb, T[l, F_EU_S] + 8 * e * He, T[l, F_ED] + e * db,
                               T[l, F_ED_S] + 8 * e * D, He, eps, work, iwork, scal)

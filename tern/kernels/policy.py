@@ -229,6 +229,20 @@ def copy_weights(file_bytes: int, available_bytes: int | None) -> bool:
     return bool(available_bytes) and file_bytes <= COPY_MAX_MEMORY_FRACTION * available_bytes
 
 
+EXPERTS_MODES = ("auto", "together", "apart")  # the engine's experts option (:func:`experts_layout`)
+
+
+def experts_layout(experts: str, layout: str, weights: str, kernel: str) -> str:
+    """Where the engine keeps the routed experts' matrices (its ``experts`` option): "together" (each
+    expert's gate, up and down back to back in the engine's own buffer, so a token reads a chosen expert as
+    one run) or "apart" (three tensors, as the file stores them). "auto": together wherever the engine holds
+    its own copy of them anyway (a re-packed blocked16 layout, the fp32 baseline, or the weights' huge-page
+    copy), apart when it reads them from the memory-mapped file (together would copy them into memory the
+    "map" choice set out to spare). Measured: benchmarks/README.md, "Each expert's matrices together"."""
+    if experts != "auto":
+        return experts
+    return "together" if layout == "blocked16" or weights == "copy" or kernel == "fp32" else "apart"
+
 
 # Base-3 (ternary_b3) matrices: the engine's default (b3="auto") reads them as stored with
 # the b3 kernels (tern.kernels.kernels_b3: 1.6 bits per weight, about 1.3x the vector

@@ -99,7 +99,7 @@ def experts_phase(ctr, p, tid, buf, aux, Grs, T, l, chosen, k, H, xq, xs, xd, ep
     """Phase p: eo_all[j] (D,) = chosen expert j's output, one expert per item, on thread
     slot ``tid``'s scratch with the single-thread kernels (as ops.routed_experts_par)."""
     D = Grs[G_D]
-    mb, db = 2 * ops.mat_bytes(Grs, H, D), 2 * ops.down_bytes(Grs, D, H)
+    mb, db = ops.routed_steps(Grs, T, l, H)
     while True:
         j = claim(ctr, p)
         if j >= k:
@@ -191,5 +191,5 @@ def attn_phase(ctr, p, n, uz, D, W, NH, kc, vc, t, sc, y):
 # step's module adds this one)
 REGION_DEPS = ("ops.py", "region.py", "kernels_ternary.py", "kernels_b3.py", "kernels_blocked.py", "simd.py", "quant.py", "kernels_dense.py",
                "fastmath.py", "kernels_stored.py", "prefetch.py", "routing.py", "policy.py", "ssm_step.py",
-               "kernels_unpack.py", "cache_guard.py", "attention.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
+               "kernels_unpack.py", "cache_guard.py", "attention.py", "activation.py", COMPILED_SETTINGS, REGION_STAMP)  # policy: its REGION_* constants are compiled in
 drop_stale_cache(__file__, REGION_DEPS, mat_phase)

@@ -18,11 +18,11 @@ from typing import Any
 JSON_FIELDS = """\
   text: generated text (prompt excluded), prompt, token_ids (generated), prompt_tokens,
   generated_tokens, tok_per_s (generation only, prompt excluded), prefill_s, decode_s,
-  model, tokenizer, threads, region, layout, seed, temperature, top_k, top_p, repetition_penalty"""
+  model, tokenizer, threads, region, layout, experts, seed, temperature, top_k, top_p, repetition_penalty"""
 
 
 def cli_configure(p: argparse.ArgumentParser) -> None:
-    from tern.kernels.policy import LAYOUT_MODES
+    from tern.kernels.policy import EXPERTS_MODES, LAYOUT_MODES
 
     p.add_argument("--model", required=True, help="packed model file (tern export)")
     p.add_argument("--prompt", default="", help="prompt text (default: the document separator)")
@@ -39,6 +39,10 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", choices=LAYOUT_MODES, default="auto",
                    help="ternary matrices in memory: rows as stored, or re-packed at load into 16-row blocks "
                         "read as one stream (faster; the same text); auto (default): blocked16 on CPUs with AVX-512")
+    p.add_argument("--experts", choices=EXPERTS_MODES, default="auto",
+                   help="routed experts in memory: each expert's gate, up and down back to back (together: one run "
+                        "per chosen expert, the same text) or three tensors as stored (apart); auto (default): "
+                        "together unless the weights are read from the memory-mapped file")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 
@@ -63,7 +67,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
     # the full check (crc32, ternary codes, finite weights) of every byte: a header-only
     # check lets a corrupted file decode garbage (tern.packed.reader.load_packed)
     eng = Engine(args.model, threads=args.threads, check="full", region=False if args.per_matrix else "auto",
-                 layout=args.layout)
+                 layout=args.layout, experts=args.experts)
     name = args.tokenizer or (eng.model.tokenizer or {}).get("name")
     if not name:
         raise ValueError(f"{args.model} names no tokenizer; pass --tokenizer")
@@ -110,6 +114,7 @@ def cli_run(args: argparse.Namespace) -> dict[str, Any]:
         "generated_tokens": len(ids), "prefill_s": prefill, "decode_s": decode,
         "tok_per_s": (len(ids) - 1) / decode if len(ids) > 1 and decode > 0 else None,
         "model": str(args.model), "tokenizer": name, "threads": args.threads, "region": eng.region, "layout": eng.layout,
+        "experts": eng.experts,
         "seed": args.seed,
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,

@@ -43,6 +43,11 @@ computes the same model (docs/MODEL.md):
   pass over the file at load and its size in resident memory), ``"map"``, the
   memory-mapped file itself, or ``"auto"`` (default): the copy when the file fits in half
   the memory available (tern.kernels.policy.copy_weights). Same logits.
+- ``experts``: where the routed experts' matrices lie: ``"together"``, each expert's gate, up and down back
+  to back in the engine's own buffer (tern.run.weights.experts_together: a token reads each chosen expert as
+  one run), or ``"apart"``, three tensors as the file stores them (three runs in three places per expert);
+  ``"auto"`` (default): together wherever the engine holds its own copy of them anyway
+  (tern.kernels.policy.experts_layout). Same logits.
 - ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full" (default)
   reads every byte: tensor crc32s, ternary codes, finite weights. "header" checks only the structure
   (flipped bits, NaN weights and invalid codes pass, then decode garbage): only for a file that passed "full".
@@ -72,6 +77,7 @@ from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
 from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.kernels_stored import DENSE_KINDS
 from tern.kernels.policy import (
+    EXPERTS_MODES,
     PAR_MIN_WEIGHTS,
     REGION_ITEMS_PER_THREAD,
     REGION_MIN_WEIGHTS,
@@ -79,12 +85,14 @@ from tern.kernels.policy import (
     STREAM_MIN_ROW_BYTES,
     act_skip_applies,
     copy_weights,
+    experts_layout,
     layout_and_b3,
     stream_row_bytes,
 )
 from tern.kernels.region import phase_counters, thread_count_reader
 from tern.packed.format import TERNARY_FORMATS
 from tern.packed.reader import PackedModel, load_packed, to_float32
+from tern.run import decode
 from tern.run import weights as wbuf  # AuxBuffer, huge_page_buffer / _copy, kernel_matrix, ...
 from tern.run.region_watch import RegionRunner
 
@@ -107,7 +115,8 @@ class Engine:
                  act_skip: bool | str = "auto", moe_skip: bool = True, fused: bool = True,
                  check: str = "full", trace_experts: bool = False, par_min_weights: int = PAR_MIN_WEIGHTS,
                  stream: str = "auto", dense16: str = "direct", weights: str = "auto", b3: str = "auto",
-                 region: bool | str = "auto", stream_prefetch: bool | str = "auto", layout: str = "auto"):
+                 region: bool | str = "auto", stream_prefetch: bool | str = "auto", layout: str = "auto",
+                 experts: str = "auto"):
         if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if threads > numba.config.NUMBA_NUM_THREADS:
@@ -158,6 +167,9 @@ class Engine:
         if weights == "auto":
             weights = "copy" if copy_weights(self.model.file_bytes, wbuf.available_memory_bytes()) else "map"
         self.weights = weights
+        if experts not in EXPERTS_MODES:
+            raise ValueError(f"experts must be one of {EXPERTS_MODES}, got {experts!r}")
+        self.experts = experts_layout(experts, self.layout, weights, kernel)
         self.stream_row_bytes = (stream_row_bytes(self.cfg, self.llc_bytes, self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
@@ -171,21 +183,39 @@ class Engine:
     def _file_addr(self, stored: str) -> int:
         return self.model.offsets[stored] * 2
 
-    def _matrix(self, aux: wbuf.AuxBuffer, name: str, orientation: str) -> tuple[int, int]:
-        """(matrix address, scale address) of a BitLinear spec in this engine's kernel
-        format: fp32 dequantized (rows, cols), or ternary2 packed in ``orientation``."""
+    def _matrix_data(self, name: str, orientation: str) -> tuple[np.ndarray | None, int]:
+        """(the matrices of a BitLinear spec in this engine's kernel format: fp32 dequantized (..., rows, cols) or
+        ternary2 / b3 / blocked16 bytes in ``orientation``; None where that is the file's own bytes, scale address)."""
         p = self.model.packing[name]
         if p["format"] not in TERNARY_FORMATS:
             raise ValueError(f"{name}: the engine needs a ternary format, the file stores {p['format']}")
-        s_addr = self._file_addr(f"{name}.scale")
         if self.kernel == "fp32":
             wt, s = self.model.ternary(name)  # (..., rows, cols), (..., rows)
-            self._file_unread.add(f"{name}.packed")
-            return aux.add(wt.astype(np.float32) * s[..., None]), s_addr
+            return wt.astype(np.float32) * s[..., None], self._file_addr(f"{name}.scale")
         b3 = self._b3_direct and orientation == "rows"  # G_B3: row matrices in the b3 layout
-        flat = wbuf.kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows")
+        return (wbuf.kernel_matrix(self.model, name, orientation, b3, self.layout == "blocked16" and orientation == "rows"),
+                self._file_addr(f"{name}.scale"))
+
+    def _matrix(self, aux: wbuf.AuxBuffer, name: str, orientation: str) -> tuple[int, int]:
+        """(matrix address, scale address) of a BitLinear spec (:meth:`_matrix_data`)."""
+        flat, s_addr = self._matrix_data(name, orientation)
         (self._file_read if flat is None else self._file_unread).add(f"{name}.packed")  # the weights copy skips unread
         return (self._file_addr(f"{name}.packed") if flat is None else aux.add(flat)), s_addr  # None: as stored
+
+    def _experts(self, aux: wbuf.AuxBuffer, prefix: str, orients: tuple[str, ...]) -> tuple[list[int], int]:
+        """(T's routed-expert fields F_EG .. F_ED_S, F_E_STEP: ops.routed_steps) of one layer: its gate, up and
+        down tensors apart (step -1), or (experts="together") each expert's three matrices back to back in aux."""
+        names = [f"{prefix}.{m}" for m in ("gate", "up", "down")]
+        if self.experts == "apart":
+            return [a for n, o in zip(names, orients, strict=True) for a in self._matrix(aux, n, o)], -1
+        data = [self._matrix_data(n, o) for n, o in zip(names, orients, strict=True)]
+        mats = [self.model.tensors[f"{n}.packed"] if m is None else m for n, (m, _) in zip(names, data, strict=True)]
+        self._file_unread.update(f"{n}.packed" for n in names)
+        E = self.cfg.n_experts
+        addr = aux.add(wbuf.experts_together(mats, E))
+        gb, ub = (m.nbytes // E for m in mats[:2])
+        return ([addr, data[0][1], addr + 2 * gb, data[1][1], addr + 2 * (gb + ub), data[2][1]],
+                2 * sum(m.nbytes for m in mats) // E)
 
     def _dense(self, aux: wbuf.AuxBuffer, name: str) -> tuple[int, int, int]:
         """(address, scale address, stored kind: kernels_stored.DENSE_*) of an embedding /
@@ -255,9 +285,8 @@ class Engine:
                     T[i, ops.F_SU], T[i, ops.F_SU_S] = self._matrix(aux, f"{p}.ffn.shared.up", "rows")
                     T[i, ops.F_SD], T[i, ops.F_SD_S] = self._matrix(aux, f"{p}.ffn.shared.down", down_orient)
                 hmax = max(hmax, cfg.expert_hidden)
-                T[i, ops.F_EG], T[i, ops.F_EG_S] = self._matrix(aux, f"{p}.ffn.experts.gate", "rows")
-                T[i, ops.F_EU], T[i, ops.F_EU_S] = self._matrix(aux, f"{p}.ffn.experts.up", "rows")
-                T[i, ops.F_ED], T[i, ops.F_ED_S] = self._matrix(aux, f"{p}.ffn.experts.down", down_orient)
+                T[i, ops.F_EG:ops.F_ED_S + 1], T[i, ops.F_E_STEP] = self._experts(aux, f"{p}.ffn.experts",
+                                                                                 ("rows", "rows", down_orient))
             elif cfg.mlp_hidden:  # a dense MLP is computed as one always-on shared expert
                 T[i, ops.F_NORM2] = self._file_addr(f"{p}.norm2.weight")
                 LI[i, ops.L_NSH], LI[i, ops.L_HSH] = 1, cfg.mlp_hidden
@@ -362,7 +391,7 @@ class Engine:
                       f"context the model was trained on: nothing overflows (no positional encoding, "
                       f"attention ring buffers of {cfg.attn_window} positions), but {who} now see longer "
                       f"contexts than in training; quality there is not measured",
-                      PastMaxSeqLenWarning, stacklevel=4)
+                      PastMaxSeqLenWarning, stacklevel=5)
 
     def _run(self, token: int) -> None:
         if self.pos[0] >= self._warn_at:
@@ -385,59 +414,23 @@ class Engine:
         if self.trace_experts and self.n_moe:
             self.expert_trace.append(self.last.copy())
 
+    def feed(self, token: int) -> None:
+        """Feed one token (checked); the next-token logits are then in :attr:`logits` (no copy)."""
+        self._run(self.check_token(token))
+
     def step(self, token: int) -> np.ndarray:
         """Feed one token; returns the next-token logits (V,) float32 (a copy)."""
-        self._run(self.check_token(token))
+        self.feed(token)
         return self.logits.copy()
 
-    def generate(self, prompt_ids: Sequence[int], n: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
-                 reset: bool = True, penalty_window: int = 64) -> Iterator[int]:
-        """Stream ``n`` sampled token ids after ``prompt_ids`` (tern.core.sampling.sample_next;
-        temperature 0 is greedy). Deterministic for a given seed."""
-        from tern.core.sampling import sample_next
-
-        try:
-            if isinstance(prompt_ids, (str, bytes)):
-                raise TypeError
-            prompt = [self.check_token(t) for t in prompt_ids]
-        except TypeError:
-            raise ValueError(f"prompt_ids must be a sequence of token ids, got "
-                             f"{type(prompt_ids).__name__}") from None
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt")
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n must be an integer >= 0, got {n!r}")
-        if reset:
-            self.reset()
-        rng = np.random.default_rng(seed)
-        recent = list(prompt[-penalty_window:])
-        for t in prompt:
-            self._run(t)
-        for _ in range(n):
-            tok = int(sample_next(self.logits, rng, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  repetition_penalty=repetition_penalty, recent_tokens=recent))
-            yield tok
-            recent = (recent + [tok])[-penalty_window:]
-            self._run(tok)
+    def generate(self, prompt_ids: Sequence[int], n: int, **sampling: Any) -> Iterator[int]:
+        """Stream ``n`` sampled token ids after ``prompt_ids``: :func:`tern.run.decode.generate` (temperature,
+        top_k, top_p, repetition_penalty, seed, reset, penalty_window). Deterministic for a given seed."""
+        return decode.generate(self, prompt_ids, n, **sampling)
 
     def nll_sum(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Summed negative log-likelihood (nats) of every ``y[b, t]`` given ``x[b, :t + 1]``,
-        each row from an empty state: the ``nll_fn`` of :func:`tern.data.val_bpb`.
-        x, y: int arrays (B, T). Leaves the engine reset."""
-        x, y = np.asarray(x), np.asarray(y)
-        if x.ndim != 2 or x.shape != y.shape:
-            raise ValueError(f"nll_sum expects x and y of one shape (B, T), got {x.shape} and {y.shape}")
-        total = 0.0
-        for b in range(x.shape[0]):
-            self.reset()
-            for t in range(x.shape[1]):
-                self._run(self.check_token(x[b, t]))
-                z = self.logits.astype(np.float64)  # (V,)
-                m = z.max()
-                total += m + np.log(np.exp(z - m).sum()) - z[self.check_token(y[b, t])]
-        self.reset()
-        return float(total)
+        """Summed NLL (nats) of ``y`` given ``x`` (B, T), rows from an empty state: :func:`tern.run.decode.nll_sum`."""
+        return decode.nll_sum(self, x, y)
 
     def close(self) -> None:
         self.model.close()
@@ -446,5 +439,5 @@ class Engine:
         """The engine's settings (for benchmark rows)."""
         return {"model": str(self.path), "config": self.cfg.name, "threads": self.threads,
                 "kernel": self.kernel, "act_skip": self.act_skip, "moe_skip": self.moe_skip,
-                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "b3": self.b3, "b3_direct": self._b3_direct, "layout": self.layout,
+                "fused": self.fused, "region": self.region, "par_min_weights": self.par_min_weights, "stream": self.stream, "stream_dram": self.stream_dram, "stream_prefetch": self.stream_prefetch, "dense16": self.dense16, "weights": self.weights, "experts": self.experts, "b3": self.b3, "b3_direct": self._b3_direct, "layout": self.layout,
                 "stream_row_bytes": list(self.stream_row_bytes), "llc_bytes": self.llc_bytes, "aux_bytes": int(self.aux.size), "file_bytes": int(self.model.file_bytes)}

@@ -74,6 +74,20 @@ def huge_page_copy(src: np.ndarray, skip: list[tuple[int, int]] | tuple = ()) ->
     return out
 
 
+def experts_together(mats: list[np.ndarray], n_experts: int) -> np.ndarray:
+    """One flat uint8 array of each routed expert's matrices back to back, expert after expert, from
+    ``mats`` (the gate, up and down tensors, each holding ``n_experts`` equal matrices, expert-major): a
+    token then reads each chosen expert as one run instead of three runs in three tensors (tern.run.engine's
+    experts="together"; measured in benchmarks/README.md, "Each expert's matrices together")."""
+    parts = []
+    for m in mats:
+        b = np.ascontiguousarray(m).reshape(-1).view(np.uint8)
+        if n_experts < 1 or b.size % n_experts:
+            raise ValueError(f"a {b.size} B expert tensor does not split into {n_experts} equal matrices")
+        parts.append(b.reshape(n_experts, -1))
+    return np.concatenate(parts, axis=1).reshape(-1)
+
+
 def tensor_ranges(model, names) -> list[tuple[int, int]]:
     """The ``[start, stop)`` byte ranges in ``model``'s file (tern.packed.reader.PackedModel) of its
     stored tensors ``names``."""

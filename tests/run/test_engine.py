@@ -6,7 +6,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
-from conftest import SMALL
+from conftest import SMALL, engine_logits
 
 from tern.core import host_caches
 from tern.core.config import SANDBOX, ModelConfig, tensor_specs
@@ -88,16 +88,11 @@ def _torch_logits(model, tokens):
     return np.stack(out)  # (T, V)
 
 
-def _engine_logits(eng, tokens):
-    eng.reset()
-    return np.stack([eng.step(int(t)) for t in tokens])  # (T, V)
-
-
 def test_logits_match_torch(trained, val_tokens):
     model, cfg, path = trained
     tokens = val_tokens[:256]
     want = _torch_logits(model, tokens)
-    got = _engine_logits(Engine(path), tokens)
+    got = engine_logits(Engine(path), tokens)
     rel = np.abs(got - want).max(1) / np.abs(want).max(1)  # (T,)
     assert np.median(rel) < MEDIAN_REL
     assert rel.max() < MAX_REL
@@ -112,7 +107,7 @@ def test_random_init_torch_model_matches_closely(tmp_path):
     path = export((model, SMALL), tmp_path / "init.tern", progress=False)
     tokens = np.arange(24) * 7 % SMALL.vocab_size
     want = _torch_logits(model, tokens)
-    got = _engine_logits(Engine(path), tokens)
+    got = engine_logits(Engine(path), tokens)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
@@ -154,7 +149,7 @@ RUNGS = [dict(kernel="fp32", act_skip=False, moe_skip=False, fused=False),
 def test_every_rung_computes_the_same_model(which, trained, small_file, val_tokens):
     path = trained[2] if which == "trained" else small_file
     tokens = val_tokens[:64] % (1024 if which == "trained" else SMALL.vocab_size)
-    outs = [_engine_logits(Engine(path, **kw), tokens) for kw in RUNGS]
+    outs = [engine_logits(Engine(path, **kw), tokens) for kw in RUNGS]
     for o in outs[2:]:  # the ternary rungs: integer dot products, identical bits
         assert np.array_equal(o, outs[1])
     base = outs[0]  # fp32 baseline: dequantized weights, rounding-level differences
@@ -171,8 +166,8 @@ def test_threads_give_identical_logits(small_file, tmp_path, kernel, head):
                             progress=False)
     tokens = np.arange(40) * 5 % SMALL.vocab_size
     kw = dict(kernel=kernel, act_skip=kernel == "ternary")
-    one = _engine_logits(Engine(path, threads=1, **kw), tokens)
-    two = _engine_logits(Engine(path, threads=2, region=False, par_min_weights=0, **kw), tokens)  # all parallel
+    one = engine_logits(Engine(path, threads=1, **kw), tokens)
+    two = engine_logits(Engine(path, threads=2, region=False, par_min_weights=0, **kw), tokens)  # all parallel
     assert np.array_equal(one, two)
 
 
@@ -209,13 +204,13 @@ def test_16bit_tables_read_as_stored(tmp_path, fmt, tied):
     path = random_model(cfg, tmp_path / "h.tern", seed=4, progress=False)
     tokens = np.arange(30) * 5 % SMALL.vocab_size
     expand = Engine(path, dense16="expand")
-    ref = _engine_logits(expand, tokens)
+    ref = engine_logits(expand, tokens)
     direct = Engine(path)
     assert direct.describe()["dense16"] == "direct"
     assert direct.aux.size + SMALL.vocab_size * SMALL.d_model * 4 <= expand.aux.size  # no fp32 table
-    assert np.array_equal(_engine_logits(direct, tokens), ref)
+    assert np.array_equal(engine_logits(direct, tokens), ref)
     if numba.config.NUMBA_NUM_THREADS >= 2:
-        assert np.array_equal(_engine_logits(Engine(path, threads=2, region=False, par_min_weights=0), tokens), ref)
+        assert np.array_equal(engine_logits(Engine(path, threads=2, region=False, par_min_weights=0), tokens), ref)
     with pytest.raises(ValueError, match="dense16"):
         Engine(path, dense16="fp32")
 
@@ -247,13 +242,13 @@ def test_fp16_dt_projection_reads_as_stored(tmp_path):
     assert m16.cfg.dt_format == "fp16" and m16.tensors[dt_names[0]].dtype == np.float16
     assert np.array_equal(m16.weight(dt_names[0]), rounded[dt_names[0]])
     tokens = np.arange(30) * 7 % SMALL.vocab_size
-    got = _engine_logits(Engine(f16), tokens)
-    ref = _engine_logits(Engine(f32), tokens)
+    got = engine_logits(Engine(f16), tokens)
+    ref = engine_logits(Engine(f32), tokens)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
     if numba.config.NUMBA_NUM_THREADS >= 2:
         for kw in (dict(region=False, par_min_weights=0), dict(region=True)):
-            assert np.array_equal(_engine_logits(Engine(f16, threads=2, **kw), tokens), got), kw
-    unrounded = _engine_logits(Engine(export((model, SMALL), tmp_path / "full.tern", progress=False)), tokens)
+            assert np.array_equal(engine_logits(Engine(f16, threads=2, **kw), tokens), got), kw
+    unrounded = engine_logits(Engine(export((model, SMALL), tmp_path / "full.tern", progress=False)), tokens)
     assert np.abs(unrounded - got).max() < 1e-4 * np.abs(ref).max()  # what fp16 storage costs: ~1e-6 here
     with torch.no_grad():
         for n in dt_names:
@@ -273,15 +268,15 @@ def test_storage_formats(tmp_path):
         if s.name.endswith("A_log"):
             sd[s.name][:] = 0.5
     tokens = np.arange(30) * 11 % SMALL.vocab_size
-    ref = _engine_logits(Engine(export((sd, SMALL), tmp_path / "a.tern", progress=False)), tokens)
+    ref = engine_logits(Engine(export((sd, SMALL), tmp_path / "a.tern", progress=False)), tokens)
     b3 = SMALL.replace(mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3")
-    got = _engine_logits(Engine(export((sd, b3), tmp_path / "b.tern", progress=False)), tokens)
+    got = engine_logits(Engine(export((sd, b3), tmp_path / "b.tern", progress=False)), tokens)
     assert np.array_equal(got, ref)
     for kw in (dict(act_skip=False), dict(kernel="fp32", act_skip=False)):  # repacked / dequantized b3
-        other = _engine_logits(Engine(tmp_path / "b.tern", **kw), tokens)
+        other = engine_logits(Engine(tmp_path / "b.tern", **kw), tokens)
         assert np.abs(other - ref).max() < 1e-2 * np.abs(ref).max()
     q = SMALL.replace(embed_format="int8", head_format="int8", router_format="bf16")
-    got = _engine_logits(Engine(export((sd, q), tmp_path / "c.tern", progress=False)), tokens)
+    got = engine_logits(Engine(export((sd, q), tmp_path / "c.tern", progress=False)), tokens)
     assert np.all(np.isfinite(got))
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.9
 
@@ -296,12 +291,12 @@ def test_act_skip_auto_follows_the_policy(small_file, tmp_path):
     auto = Engine(silu)
     assert not auto.act_skip and auto.describe()["act_skip"] is False
     tokens = np.arange(30) * 7 % SMALL.vocab_size
-    ref = _engine_logits(auto, tokens)
+    ref = engine_logits(auto, tokens)
     for kw in (dict(act_skip=True), dict(act_skip=True, threads=2, region=False, par_min_weights=0),
                dict(act_skip=False, threads=2, region=False, par_min_weights=0)):
         if kw.get("threads", 1) > numba.config.NUMBA_NUM_THREADS:
             continue
-        assert np.array_equal(_engine_logits(Engine(silu, **kw), tokens), ref)
+        assert np.array_equal(engine_logits(Engine(silu, **kw), tokens), ref)
 
 
 def test_bad_input(small_file):
@@ -346,7 +341,7 @@ def test_generate_is_deterministic_and_streams(small_file):
 def test_reset_and_expert_statistics(small_file):
     eng = Engine(small_file, trace_experts=True)
     tokens = np.arange(50) * 3 % SMALL.vocab_size
-    first = _engine_logits(eng, tokens)
+    first = engine_logits(eng, tokens)
     counts = eng.expert_counts
     assert counts.shape == (2, SMALL.n_experts) and np.all(counts.sum(1) == 50 * SMALL.top_k)
     trace = np.stack(eng.expert_trace)  # (T, n_moe, top_k)
@@ -354,7 +349,7 @@ def test_reset_and_expert_statistics(small_file):
     assert np.all(np.diff(trace, axis=-1) > 0)  # distinct experts, ascending
     for layer in range(2):
         assert np.array_equal(np.bincount(trace[:, layer].ravel(), minlength=SMALL.n_experts), counts[layer])
-    assert np.array_equal(_engine_logits(eng, tokens), first)  # reset forgets everything
+    assert np.array_equal(engine_logits(eng, tokens), first)  # reset forgets everything
 
 
 def test_routing_matches_torch(trained, val_tokens):
@@ -363,7 +358,7 @@ def test_routing_matches_torch(trained, val_tokens):
     eng = Engine(path)
     tokens = val_tokens[:100]
     _torch_logits(model, tokens)
-    _engine_logits(eng, tokens)
+    engine_logits(eng, tokens)
     torch_counts = np.stack([layer.ffn.load.counts.numpy() for layer in model.layers if layer.ffn is not None
                              and hasattr(layer.ffn, "load")])
     assert np.array_equal(torch_counts, eng.expert_counts)
@@ -494,14 +489,14 @@ def test_streaming_kernel_gives_identical_logits(tmp_path):
     cfg = SMALL.replace(d_model=1536, n_heads=4, top_k=2)
     path = random_model(cfg, tmp_path / "wide.tern", progress=False)
     tokens = np.arange(12) * 7 % cfg.vocab_size
-    ref = _engine_logits(Engine(path, threads=1, stream="off"), tokens)
+    ref = engine_logits(Engine(path, threads=1, stream="off"), tokens)
     for threads, par_min in ((1, 1 << 20), (2, 0), (2, 1 << 20)):
         for pf in (True, False):  # the streaming kernel's software prefetch: same sums
             eng = Engine(path, threads=threads, stream="on", par_min_weights=par_min, stream_prefetch=pf)
             assert eng.stream_row_bytes[0] > 0 and eng.describe()["stream"] == "on"
             assert eng.describe()["stream_prefetch"] is pf and eng.G[ops.G_STREAM_PF] == int(pf)
             assert eng.G[ops.N_GLOBALS + ops.G_STREAM_PF] == int(pf)  # the routed experts' row too
-            assert np.array_equal(_engine_logits(eng, tokens), ref)
+            assert np.array_equal(engine_logits(eng, tokens), ref)
     with pytest.raises(ValueError, match="stream"):
         Engine(path, stream="fast")
     with pytest.raises(ValueError, match="stream_prefetch must be True, False or 'auto'"):
@@ -546,11 +541,11 @@ def test_the_streaming_rule_uses_the_llc_the_probe_measured(tmp_path, monkeypatc
     tokens = np.arange(8) * 3 % cfg.vocab_size
     eng = Engine(path)
     assert eng.llc_bytes == eng.describe()["llc_bytes"] == 480 << 20 and eng.stream_row_bytes == (0, 0)
-    ref = _engine_logits(eng, tokens)
+    ref = engine_logits(eng, tokens)
     save_tuning({"stream": True, "llc_bytes": 1 << 10})  # the probe's slice: every pool is past it
     eng = Engine(path)
     assert eng.llc_bytes == eng.describe()["llc_bytes"] == 1 << 10 and eng.stream_row_bytes[0] > 0
-    assert np.array_equal(_engine_logits(eng, tokens), ref)
+    assert np.array_equal(engine_logits(eng, tokens), ref)
 
 
 def test_stream_auto_follows_this_cpus_stream_or_4_row_choice(tmp_path, monkeypatch):
@@ -567,11 +562,11 @@ def test_stream_auto_follows_this_cpus_stream_or_4_row_choice(tmp_path, monkeypa
     tokens = np.arange(8) * 5 % cfg.vocab_size
     eng = Engine(path)
     assert eng.stream_dram is True and eng.stream_row_bytes[0] > 0  # no file: streams, as engines always did
-    ref = _engine_logits(eng, tokens)
+    ref = engine_logits(eng, tokens)
     save_tuning({"stream": {"1": False, "2": True}})
     eng = Engine(path)
     assert eng.stream_dram is False and eng.stream_row_bytes == (0, 0) and eng.describe()["stream_dram"] is False
-    assert np.array_equal(_engine_logits(eng, tokens), ref)
+    assert np.array_equal(engine_logits(eng, tokens), ref)
     pol = run_policy(eng.par_min_weights, None, eng.stream_prefetch, eng.stream_dram)
     assert pol.stream is False and pol.to_dict()["stream"] is False
     forced = Engine(path, stream="dram")

@@ -4,7 +4,7 @@ activation skip on / off, unfused, a file mixing ternary2 and b3); the option's 
 
 import numpy as np
 import pytest
-from conftest import SMALL
+from conftest import SMALL, engine_logits
 
 from tern.kernels import ops
 from tern.kernels.policy import b3_direct, b3_mode, b3_row_cols
@@ -14,10 +14,6 @@ from tern.run.engine import Engine
 B3 = SMALL.replace(mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3")
 
 
-def _logits(eng, tokens):
-    eng.reset()
-    return np.stack([eng.step(int(t)) for t in tokens])
-
 
 @pytest.fixture(scope="module")
 def b3_file(tmp_path_factory):
@@ -26,12 +22,12 @@ def b3_file(tmp_path_factory):
 
 def test_direct_equals_expand(b3_file):
     tokens = np.arange(14) * 7 % B3.vocab_size
-    ref = _logits(Engine(b3_file, b3="expand"), tokens)
+    ref = engine_logits(Engine(b3_file, b3="expand"), tokens)
     for kw in (dict(), dict(threads=2, region=False, par_min_weights=0), dict(threads=2), dict(act_skip=False),
                dict(act_skip=False, threads=2, region=False, par_min_weights=0), dict(fused=False), dict(moe_skip=False)):
         eng = Engine(b3_file, b3="direct", **kw)
         assert eng.G[ops.G_B3] == 1 and eng.describe()["b3_direct"], kw
-        assert np.array_equal(_logits(eng, tokens), ref), kw
+        assert np.array_equal(engine_logits(eng, tokens), ref), kw
     # the direct engine reads the file's b3 bytes: no ternary2 copies in aux beyond the
     # transposed down projections of the skip kernel
     assert Engine(b3_file, b3="direct", act_skip=False).aux.size < Engine(b3_file, b3="expand", act_skip=False).aux.size
@@ -42,14 +38,14 @@ def test_mixed_file_and_ternary2_file(tmp_path):
     matrices to b3; a ternary2-only file ignores the option."""
     mixed = random_model(SMALL.replace(expert_format="ternary_b3"), tmp_path / "m.tern", seed=5, progress=False)
     tokens = np.arange(10) * 5 % SMALL.vocab_size
-    ref = _logits(Engine(mixed, b3="expand"), tokens)
+    ref = engine_logits(Engine(mixed, b3="expand"), tokens)
     eng = Engine(mixed, b3="direct", act_skip=False)
     assert eng.G[ops.G_B3] == 1
-    assert np.array_equal(_logits(eng, tokens), ref)
+    assert np.array_equal(engine_logits(eng, tokens), ref)
     plain = random_model(SMALL, tmp_path / "p.tern", seed=5, progress=False)
     eng = Engine(plain, b3="direct")
     assert eng.G[ops.G_B3] == 0 and not eng.describe()["b3_direct"]
-    assert np.array_equal(_logits(eng, tokens), _logits(Engine(plain), tokens))
+    assert np.array_equal(engine_logits(eng, tokens), engine_logits(Engine(plain), tokens))
 
 
 def test_option_and_rule(b3_file):

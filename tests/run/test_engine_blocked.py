@@ -6,7 +6,7 @@ transposed files, odd shapes); the option's errors; the re-packed matrices' buff
 import numba
 import numpy as np
 import pytest
-from conftest import SMALL
+from conftest import SMALL, engine_logits
 
 from tern.kernels import ops
 from tern.kernels.kernels_blocked import blocked16_bytes
@@ -17,14 +17,6 @@ from tern.run.weights import HUGE_PAGE, AuxBuffer, mapping_stats
 TWO = numba.config.NUMBA_NUM_THREADS >= 2
 
 
-def _logits(eng, tokens):
-    eng.reset()
-    return np.stack([eng.step(int(t)) for t in tokens])  # (T, V)
-
-
-@pytest.fixture(scope="module")
-def small_file(tmp_path_factory):
-    return random_model(SMALL, tmp_path_factory.mktemp("blk") / "small.tern", seed=5, progress=False)
 
 
 VARIANTS = [dict(), dict(act_skip=False), dict(fused=False), dict(moe_skip=False), dict(act_skip=False, fused=False)]
@@ -37,11 +29,11 @@ if TWO:
 def test_blocked_layout_gives_the_stored_rows_logits(small_file, kw):
     """SMALL has d_model 48 and 24 / 20 / 40 hidden units: rows and columns that are not multiples of 16."""
     tokens = np.arange(16) * 7 % SMALL.vocab_size
-    ref = _logits(Engine(small_file, layout="rows", **kw), tokens)
+    ref = engine_logits(Engine(small_file, layout="rows", **kw), tokens)
     eng = Engine(small_file, layout="blocked16", **kw)
     assert eng.G[ops.G_BLOCKED] == 1 and eng.G[ops.N_GLOBALS + ops.G_BLOCKED] == 1
     assert eng.describe()["layout"] == "blocked16"
-    assert np.array_equal(_logits(eng, tokens), ref)
+    assert np.array_equal(engine_logits(eng, tokens), ref)
 
 
 def test_wider_model_and_b3_file(tmp_path):
@@ -51,18 +43,18 @@ def test_wider_model_and_b3_file(tmp_path):
     path = random_model(cfg, tmp_path / "wide.tern", seed=2, progress=False)
     tokens = np.arange(10) * 5 % cfg.vocab_size
     for kw in ([dict(), dict(threads=2)] if TWO else [dict()]):
-        assert np.array_equal(_logits(Engine(path, layout="blocked16", **kw), tokens), _logits(Engine(path, layout="rows", **kw), tokens))
+        assert np.array_equal(engine_logits(Engine(path, layout="blocked16", **kw), tokens), engine_logits(Engine(path, layout="rows", **kw), tokens))
     b3 = SMALL.replace(mixer_format="ternary_b3", mlp_format="ternary_b3", expert_format="ternary_b3")
     bpath = random_model(b3, tmp_path / "b3.tern", seed=3, progress=False)
     eng = Engine(bpath, layout="blocked16")
     assert eng.b3 == "expand" and not eng.describe()["b3_direct"]
-    assert np.array_equal(_logits(eng, tokens % b3.vocab_size), _logits(Engine(bpath, b3="expand", layout="rows"), tokens % b3.vocab_size))
+    assert np.array_equal(engine_logits(eng, tokens % b3.vocab_size), engine_logits(Engine(bpath, b3="expand", layout="rows"), tokens % b3.vocab_size))
 
 
 def test_every_row_matrix_is_re_packed_once(small_file):
     """aux grows by the blocked bytes of every row-oriented ternary matrix (experts one by one), no more."""
-    rows = Engine(small_file, act_skip=True, layout="rows")
-    blk = Engine(small_file, act_skip=True, layout="blocked16")
+    rows = Engine(small_file, act_skip=True, layout="rows", experts="apart")  # together: experts copied to aux
+    blk = Engine(small_file, act_skip=True, layout="blocked16", experts="apart")
     c = SMALL
     want = 0
     for i in range(c.n_layers):
@@ -100,8 +92,8 @@ def test_weights_copy_leaves_the_re_packed_matrices_unwritten(small_file):
     """weights="copy" skips the file's packed bytes of every matrix the engine re-packed into aux (zero,
     never resident), copies the rest; the logits stay those of the mapped file."""
     tokens = np.arange(8) * 5 % SMALL.vocab_size
-    blk = Engine(small_file, layout="blocked16", weights="copy")
-    rows = Engine(small_file, layout="rows", weights="copy")
+    blk = Engine(small_file, layout="blocked16", weights="copy", experts="apart")  # together: tests/run/test_engine_experts.py
+    rows = Engine(small_file, layout="rows", weights="copy", experts="apart")
     src = blk.model.buffer
     dt = [k for k in blk.model.tensors if k.endswith("dt_proj.weight")]  # column blocks in either layout
     unread = [k for k in blk.model.tensors if k.endswith(".packed") and "down" not in k]  # rows: re-packed
@@ -114,7 +106,7 @@ def test_weights_copy_leaves_the_re_packed_matrices_unwritten(small_file):
             elif not k.endswith(".packed") or eng is rows:
                 assert np.array_equal(eng.buf[lo:hi], src[lo:hi]), k
     mapped = Engine(small_file, layout="blocked16", weights="map")
-    assert np.array_equal(_logits(blk, tokens), _logits(mapped, tokens))
+    assert np.array_equal(engine_logits(blk, tokens), engine_logits(mapped, tokens))
 
 
 def test_huge_page_copy_skip_ranges_are_checked():
