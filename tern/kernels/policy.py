@@ -236,9 +236,10 @@ def experts_layout(experts: str, layout: str, weights: str, kernel: str) -> str:
     """Where the engine keeps the routed experts' matrices (its ``experts`` option): "together" (each
     expert's gate, up and down back to back in the engine's own buffer, so a token reads a chosen expert as
     one run) or "apart" (three tensors, as the file stores them). "auto": together wherever the engine holds
-    its own copy of them anyway (a re-packed blocked16 layout, the fp32 baseline, or the weights' huge-page
-    copy), apart when it reads them from the memory-mapped file (together would copy them into memory the
-    "map" choice set out to spare). Measured: benchmarks/README.md, "Each expert's matrices together"."""
+    its own copy of them anyway (the weights' huge-page copy, the fp32 baseline, or the blocked16 layout, which
+    re-packs the gate and up: a down projection the activation skip reads as stored is then copied too), apart
+    for the rows layout read from the memory-mapped file (together would copy them into memory the "map"
+    choice set out to spare). Measured: benchmarks/README.md, "Each expert's matrices together"."""
     if experts != "auto":
         return experts
     return "together" if layout == "blocked16" or weights == "copy" or kernel == "fp32" else "apart"
