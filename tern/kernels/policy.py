@@ -230,19 +230,28 @@ def copy_weights(file_bytes: int, available_bytes: int | None) -> bool:
 
 
 EXPERTS_MODES = ("auto", "together", "apart")  # the engine's experts option (:func:`experts_layout`)
+# "auto" keeps experts together only when they stream from DRAM: routed expert bytes over this many
+# last-level caches (the predictor's DRAM side of the knee). In cache, where a jump between matrices costs
+# little, the 105m sweep model (23 MiB of experts, 32 MiB L3) decoded x0.95 / x0.98 in two code A/Bs with
+# some slow processes, and x0.98-1.00 alternating in one process (AMD EPYC Zen 4 VM, session 47)
+EXPERTS_TOGETHER_MIN_LLCS = 2
 
 
-def experts_layout(experts: str, layout: str, weights: str, kernel: str) -> str:
+def experts_layout(experts: str, layout: str, weights: str, kernel: str, expert_bytes: int = 0,
+                   llc_bytes: int = 0) -> str:
     """Where the engine keeps the routed experts' matrices (its ``experts`` option): "together" (each
     expert's gate, up and down back to back in the engine's own buffer, so a token reads a chosen expert as
-    one run) or "apart" (three tensors, as the file stores them). "auto": together wherever the engine holds
-    its own copy of them anyway (the weights' huge-page copy, the fp32 baseline, or the blocked16 layout, which
-    re-packs the gate and up: a down projection the activation skip reads as stored is then copied too), apart
-    for the rows layout read from the memory-mapped file (together would copy them into memory the "map"
-    choice set out to spare). Measured: benchmarks/README.md, "Each expert's matrices together"."""
+    one run) or "apart" (three tensors, as the file stores them). "auto": together where the experts
+    (``expert_bytes`` in all) stream from DRAM, over EXPERTS_TOGETHER_MIN_LLCS x ``llc_bytes``, and the
+    engine holds its own copy of them anyway (the weights' huge-page copy, the fp32 baseline, or the
+    blocked16 layout, which re-packs the gate and up: a down projection the activation skip reads as stored
+    is then copied too); apart in cache, and for the rows layout read from the memory-mapped file (together
+    would copy them into memory the "map" choice set out to spare). Measured: benchmarks/README.md, "Each
+    expert's matrices together"."""
     if experts != "auto":
         return experts
-    return "together" if layout == "blocked16" or weights == "copy" or kernel == "fp32" else "apart"
+    own_copy = layout == "blocked16" or weights == "copy" or kernel == "fp32"
+    return "together" if own_copy and expert_bytes > EXPERTS_TOGETHER_MIN_LLCS * llc_bytes else "apart"
 
 
 # Base-3 (ternary_b3) matrices: the engine's default (b3="auto") reads them as stored with

@@ -42,7 +42,7 @@ def cli_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experts", choices=EXPERTS_MODES, default="auto",
                    help="routed experts in memory: each expert's gate, up and down back to back (together: one run "
                         "per chosen expert, the same text) or three tensors as stored (apart); auto (default): "
-                        "together unless the weights are read from the memory-mapped file")
+                        "together where the experts stream from DRAM")
     p.add_argument("--tokenizer", help="tokenizer name (default: the one the file names)")
 
 

@@ -46,8 +46,8 @@ computes the same model (docs/MODEL.md):
 - ``experts``: where the routed experts' matrices lie: ``"together"``, each expert's gate, up and down back
   to back in the engine's own buffer (tern.run.weights.experts_together: a token reads each chosen expert as
   one run), or ``"apart"``, three tensors as the file stores them (three runs in three places per expert);
-  ``"auto"`` (default): together wherever the engine holds its own copy of them anyway
-  (tern.kernels.policy.experts_layout). Same logits.
+  ``"auto"`` (default): together where the experts stream from DRAM and the engine holds its own copy of
+  them anyway (tern.kernels.policy.experts_layout). Same logits.
 - ``check``: how the file is validated at load (tern.packed.reader.load_packed). "full" (default)
   reads every byte: tensor crc32s, ternary codes, finite weights. "header" checks only the structure
   (flipped bits, NaN weights and invalid codes pass, then decode garbage): only for a file that passed "full".
@@ -70,7 +70,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from tern.core.config import tensor_specs
+from tern.core.config import param_counts, tensor_specs
 from tern.core.engine_tuning import llc_bytes_here, tuning_choices
 from tern.kernels import ops, ops_region, region_items
 from tern.kernels.kernels_blocked import BLOCKED_BY_DEFAULT
@@ -169,7 +169,8 @@ class Engine:
         self.weights = weights
         if experts not in EXPERTS_MODES:
             raise ValueError(f"experts must be one of {EXPERTS_MODES}, got {experts!r}")
-        self.experts = experts_layout(experts, self.layout, weights, kernel)
+        self.experts = experts_layout(experts, self.layout, weights, kernel,
+                                      param_counts(self.cfg).summary()["expert_bytes_total"], self.llc_bytes)
         self.stream_row_bytes = (stream_row_bytes(self.cfg, self.llc_bytes, self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()

@@ -98,15 +98,31 @@ def test_experts_together_array():
 
 
 def test_auto_rule_and_bad_option(small_file):
-    assert experts_layout("auto", "blocked16", "map", "ternary") == "together"
-    assert experts_layout("auto", "rows", "copy", "ternary") == "together"
-    assert experts_layout("auto", "rows", "map", "fp32") == "together"
-    assert experts_layout("auto", "rows", "map", "ternary") == "apart"  # would copy what "map" spares
-    assert experts_layout("apart", "blocked16", "copy", "ternary") == "apart"
-    assert Engine(small_file, layout="rows", weights="map").experts == "apart"
-    assert Engine(small_file, layout="rows", weights="copy").experts == "together"
+    """auto: together where the experts stream from DRAM (over EXPERTS_TOGETHER_MIN_LLCS last-level caches)
+    and the engine holds its own copy anyway; apart in cache and for rows read from the file mapping."""
+    from tern.kernels.policy import EXPERTS_TOGETHER_MIN_LLCS as N
+
+    llc, big = 32 << 20, N * (32 << 20) + 1
+    assert experts_layout("auto", "blocked16", "map", "ternary", big, llc) == "together"
+    assert experts_layout("auto", "rows", "copy", "ternary", big, llc) == "together"
+    assert experts_layout("auto", "rows", "map", "fp32", big, llc) == "together"
+    assert experts_layout("auto", "rows", "map", "ternary", big, llc) == "apart"  # would copy what "map" spares
+    assert experts_layout("auto", "blocked16", "copy", "ternary", N * llc, llc) == "apart"  # in cache
+    assert experts_layout("apart", "blocked16", "copy", "ternary", big, llc) == "apart"
+    assert experts_layout("together", "rows", "map", "ternary", 0, llc) == "together"
+    assert Engine(small_file).experts == "apart"  # a few KB of experts
     with pytest.raises(ValueError, match="experts must be one of"):
         Engine(small_file, experts="interleaved")
+
+
+def test_auto_puts_dram_resident_experts_together(small_file, monkeypatch):
+    """The engine's auto choice reads the last-level cache its rules assume: a cache smaller than the
+    experts over EXPERTS_TOGETHER_MIN_LLCS puts them together."""
+    import tern.run.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "llc_bytes_here", lambda tuned=None: 64)
+    assert Engine(small_file).experts == "together"
+    assert Engine(small_file, layout="rows", weights="map").experts == "apart"
 
 
 def test_a_dense_model_takes_the_option(tmp_path):
