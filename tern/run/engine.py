@@ -170,7 +170,7 @@ class Engine:
         if experts not in EXPERTS_MODES:
             raise ValueError(f"experts must be one of {EXPERTS_MODES}, got {experts!r}")
         self.experts = experts_layout(experts, self.layout, weights, kernel,
-                                      param_counts(self.cfg).summary()["expert_bytes_total"], self.llc_bytes)
+                                      param_counts(self.cfg).expert_bytes_total, self.llc_bytes)
         self.stream_row_bytes = (stream_row_bytes(self.cfg, self.llc_bytes, self.stream_dram) if stream in ("auto", "dram")
                                  else (STREAM_MIN_ROW_BYTES,) * 2 if stream == "on" else (0, 0))
         self._build_tables()
