@@ -63,7 +63,8 @@ def measure_here(shapes: list[tuple[int, int]], working_set: int) -> dict:
     """In this process: GB/s of the probe's 4-row ternary curve driver at ``working_set``
     for each shape, and the read kernel's at the same working set."""
     from tern.probe.bandwidth import read_reference
-    from tern.probe.curves import CurveBuffer, _weight_bytes, measure_curve
+    from tern.probe.curve_buffer import CurveBuffer
+    from tern.probe.curves import _weight_bytes, measure_curve
     from tern.probe.timing import TimingConfig
 
     buf = CurveBuffer(working_set)

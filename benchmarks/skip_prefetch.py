@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def worker(shape: tuple[int, int], ws_bytes: int, threads: int, split: str) -> dict:
     """Seconds per call of the skip kernel as compiled in this process (its TERN_SKIP_PREFETCH)."""
     from tern.kernels import kernels_ternary as kt
-    from tern.probe.curves import SKIP_DENSITY, CurveBuffer, _weight_bytes, measure_curve
+    from tern.probe.curve_buffer import CurveBuffer
+    from tern.probe.curves import SKIP_DENSITY, _weight_bytes, measure_curve
     from tern.probe.timing import TimingConfig
 
     mat = _weight_bytes("ternary_skip", *shape)

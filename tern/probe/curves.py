@@ -49,6 +49,7 @@ from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
+from tern.probe.curve_buffer import CurveBuffer
 from tern.probe.ops import engine_kernel_deps
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
@@ -202,49 +203,6 @@ def _drivers() -> dict[str, Callable]:
 def drivers() -> dict[str, Callable]:
     return _drivers()
 
-
-class CurveBuffer:
-    """One buffer of weight bytes reused by every curve (filled once: untouched pages of a
-    fresh allocation would all map to the zero page and read from cache). Bytes 0x30-0x3F
-    keep fp32 views normal numbers (no denormal slow paths) and are valid int8 weights;
-    the ternary kernels' time does not depend on the codes.
-
-    ``backing="file"`` (default) maps the bytes from a file read-only, as the engine maps a
-    model file (tern.packed.reader): page-cache pages of 4 KiB. An anonymous numpy array
-    (``"anonymous"``) gets transparent huge pages here (numpy asks for them on large
-    arrays), and its DRAM-bound matvecs measured up to ~18 % faster than the engine's on a
-    file of the same bytes. The file is unlinked as soon as it is mapped, so no temp file
-    outlives the probe."""
-
-    def __init__(self, max_bytes: int, seed: int = 0, backing: str = "file") -> None:
-        if backing not in ("file", "anonymous"):
-            raise ValueError(f"curve buffer backing must be 'file' or 'anonymous', got {backing!r}")
-        rng = np.random.default_rng(seed)
-        self.backing = backing
-        if backing == "anonymous":
-            self.data = rng.integers(0x30, 0x40, size=max_bytes, dtype=np.uint8)
-            return
-        import mmap
-        import os
-        import tempfile
-
-        chunk = 64 * MIB
-        fd, path = tempfile.mkstemp(prefix="tern-curves-", suffix=".bin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for start in range(0, max_bytes, chunk):
-                    f.write(rng.integers(0x30, 0x40, size=min(chunk, max_bytes - start), dtype=np.uint8).tobytes())
-            with open(path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        finally:
-            os.unlink(path)
-        self.data = np.frombuffer(self._mmap, dtype=np.uint8)
-
-    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if n > self.data.size:
-            raise ValueError(f"curve buffer of {self.data.size} B is smaller than the {n} B asked for")
-        return self.data[:n].view(dtype).reshape(shape)
 
 def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: int, buf: CurveBuffer,
            rng: np.random.Generator, stream_prefetch: bool = True) -> Callable[[int], None]:

@@ -36,7 +36,8 @@ from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
 from tern.core.host_queries import ROW_CURVE_OPS, row_stall_ratios
-from tern.probe.curves import CURVE_SHAPES, CurveBuffer, measure_curve
+from tern.probe.curve_buffer import CurveBuffer
+from tern.probe.curves import CURVE_SHAPES, measure_curve
 from tern.probe.timing import TimingConfig
 
 # packed bytes per row timed (each op's curve row length among them: its reference)

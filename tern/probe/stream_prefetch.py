@@ -23,7 +23,8 @@ import sys
 from typing import Any
 
 from tern.core.host_caches import MIB
-from tern.probe.curves import CURVE_SHAPES, CurveBuffer, _weight_bytes, measure_curve
+from tern.probe.curve_buffer import CurveBuffer
+from tern.probe.curves import CURVE_SHAPES, _weight_bytes, measure_curve
 from tern.probe.timing import TimingConfig
 
 OP = "ternary_stream"

@@ -9,10 +9,10 @@ import pytest
 from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair, op_curve_trio
 from tern.predict.inventory import WorkKey, curve_stall
 from tern.probe import curves
+from tern.probe.curve_buffer import CurveBuffer
 from tern.probe.curves import (
     ROWY_CURVE_SHAPES,
     SMALL_CURVE_SHAPES,
-    CurveBuffer,
     curve_plan,
     implausible_calls,
     implausible_points,
@@ -195,19 +195,6 @@ def test_two_sizes_price_a_per_call_stall_at_the_op_s_own_matrix_size():
     low, _ = curve_stall({WorkKey("ternary_matvec"): OpWork(1.0, 64.0, 64 * 1024.0, 0.0)},
                          dataclasses.replace(host, op_curves=(big, fast)), 1, 1 << 30)
     assert low >= 0.0
-
-
-def test_the_curve_buffer_maps_a_file_like_the_engine_and_leaves_none_behind(tmp_path, monkeypatch):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    buf = CurveBuffer(3 << 20)
-    assert buf.backing == "file" and buf.data.size == 3 << 20 and not buf.data.flags.writeable
-    assert 0x30 <= int(buf.data.min()) and int(buf.data.max()) <= 0x3F
-    assert list(tmp_path.iterdir()) == []  # unlinked once mapped
-    assert CurveBuffer(1 << 20, backing="anonymous").data.flags.writeable
-    with pytest.raises(ValueError, match="backing"):
-        CurveBuffer(1 << 20, backing="tmpfs")
 
 
 def test_curves_round_trip_in_a_profile(tmp_path):
