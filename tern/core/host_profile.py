@@ -212,7 +212,7 @@ def op_curve_pair(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: s
                   threads: int) -> tuple[OpCurve, OpCurve] | None:
     """(smaller, larger) matrix shape of ``op``'s curves as ``split`` at the thread count
     nearest ``threads``, from which the predictor separates a per-call memory stall from a
-    per-weight one (tern.predict.inventory.curve_stall); None unless two shapes were measured."""
+    per-weight one (tern.predict.stall.curve_stall); None unless two shapes were measured."""
     large = op_curve_for(curves, op, split, threads)
     if large is None:
         return None
@@ -227,7 +227,7 @@ def op_curve_trio(curves: tuple[OpCurve, ...] | list[OpCurve], op: str, split: s
     count nearest ``threads``: :func:`op_curve_pair` plus a third shape with more rows per
     weight than the larger one (e.g. 2048 x 512 beside 1024 x 1024), from which the
     predictor fits each call's time at a working set as per-call + per-weight + per-row
-    terms (tern.predict.inventory.curve_stall); None unless all three were measured."""
+    terms (tern.predict.stall.curve_stall); None unless all three were measured."""
     pair = op_curve_pair(curves, op, split, threads)
     if pair is None:
         return None

@@ -38,9 +38,10 @@ from tern.core.engine_tuning import llc_bytes_here
 from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile
 from tern.core.records import append_jsonl, run_metadata, summarize
+from tern.kernels.policy import EnginePolicy
 from tern.measure.peers_gguf import ensure_gguf, gguf_byte_counts, gguf_tensors
 from tern.measure.peers_table import BLOCKED_ENGINE, PER_MATRIX_ENGINE, ROWS_ENGINE
-from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess
+from tern.measure.sweep import SweepPoint, ensure_model, measure_in_subprocess, predicted
 from tern.measure.utilisation import decode_utilisation, engine_bytes_per_token
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
@@ -65,6 +66,7 @@ JSON_FIELDS = """\
       bandwidth_fraction_same_run (of read_same_run's median),
       host_activity {foreign_cpu_frac, steal_frac: shares of all CPUs' time meanwhile (Linux)},
       core_round_trip_ns (threads > 1: the threads' cache-line round trip timed just before; null: none),
+      predicted_tok_per_s, predicted_model, ratio (measured / predicted: tern rows, with a host profile),
       gguf {body, n_kv_heads} and llama_cpp {binary, build_commit, build_number, label} (llama.cpp),
       host, cpu, versions, git_commit, timestamp}]"""
 
@@ -278,6 +280,18 @@ def host_activity(before: tuple | None, after: tuple | None) -> dict[str, float]
     return {"foreign_cpu_frac": max(0.0, busy - (after[2] - before[2])) / cpu_s, "steal_frac": steal / hz / cpu_s}
 
 
+def _prediction(cfg: ModelConfig, host: HostProfile | None, threads: int, m: dict[str, Any],
+                tokens: int) -> dict[str, Any]:
+    """The predictor's tok/s for a tern row (tern.measure.sweep.predicted: the engine that measured it,
+    the run's mean context) and measured / predicted; nothing without a host profile."""
+    if host is None or not host.bandwidth:
+        return {}
+    policy = EnginePolicy.of_record(m) if "engine_policy" in m else None
+    p = predicted(cfg, host, threads, policy, tokens)
+    return {"predicted_tok_per_s": p["predicted_tok_per_s"], "predicted_model": p["predicted_model"],
+            "ratio": m["tok_per_s"] / p["predicted_tok_per_s"]}
+
+
 def _measured(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     before = cpu_snapshot()
     m = fn(*args)
@@ -334,7 +348,8 @@ def run_peers(shapes: list[PeerShape], threads: list[int], results: str | Path =
             m = _measured(measure_tern, tern_path, SweepPoint("peers", shape.name, shape.cfg, t, tokens, repeats,
                                                               warmup))
             rows.append(_row(shape, "tern", tern_path, t, m, counts, host,
-                             {**run_metadata(t), **base, **where, "engine_settings": m.get("engine")}, ref))
+                             {**run_metadata(t), **base, **where, "engine_settings": m.get("engine"),
+                              **_prediction(shape.cfg, host, t, m, tokens)}, ref))
             append_jsonl(records, rows[-1])
             for engine, kw in (((PER_MATRIX_ENGINE, dict(region=False)),) if per_matrix and t > 1 else ()) + (
                     ((BLOCKED_ENGINE, dict(layout="blocked16")),) if blocked else ()) + (

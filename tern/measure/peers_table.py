@@ -35,7 +35,7 @@ def latest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per shape (ordered by bytes per token): dims, params, bytes per token of
     each engine and, per thread count, each engine's tok/s, GB/s end to end and fraction of
-    read bandwidth, and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
+    read bandwidth (tern's also its predicted tok/s and measured / predicted), and tern / llama.cpp (with ``tern-region`` rows also region / llama.cpp
     and region / tern; with ``tern-per-matrix`` rows per-matrix / tern; with ``tern-blocked16`` rows
     blocked / llama.cpp and blocked / tern; with ``tern-rows`` rows, rows / llama.cpp and rows / tern)."""
     out: dict[str, dict[str, Any]] = {}
@@ -47,7 +47,8 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cell = e["by_threads"].setdefault(r["threads"], {})
         cell[key] = {"tok_per_s": r["tok_per_s"], "gbps": r["gbps_end_to_end"],
                      "fraction": r.get("bandwidth_fraction"), "spread_rel": r.get("spread_rel"),
-                     "fraction_now": r.get("bandwidth_fraction_same_run")}
+                     "fraction_now": r.get("bandwidth_fraction_same_run"),
+                     "predicted": r.get("predicted_tok_per_s"), "over_predicted": r.get("ratio")}
     for e in out.values():
         for cell in e["by_threads"].values():
             if "tern" in cell and "llama" in cell:
@@ -68,7 +69,8 @@ def peers_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 _TEXT_TABLES = (
     ("tok/s (median of repeats)",
      (("llama", "llama", "tok_per_s", 9, ".1f"), ("tern", "tern", "tok_per_s", 8, ".1f"),
-      ("ratio", None, "tern_over_llama", 5, ".2f"))),
+      ("ratio", None, "tern_over_llama", 5, ".2f"), ("predicted", "tern", "predicted", 9, ".1f"),
+      ("/pred", "tern", "over_predicted", 5, ".2f"))),
     ("GB/s end to end (bytes per token x tok/s), fraction of the probe's read bandwidth and of the read "
      "rate timed right before the run (now)",
      (("GB/s llama", "llama", "gbps", 10, ".2f"), ("tern", "tern", "gbps", 6, ".2f"),

@@ -30,7 +30,8 @@ def peers_rows(results: str | Path) -> list[dict[str, Any]]:
 def plot_peers(rows: list[dict[str, Any]], host: HostProfile | None = None) -> Figure:
     """Two panels against model size (working set, MB, log): tok/s (log) and GB/s end to
     end (bytes read per token x tok/s); one colour per engine, one line style per thread
-    count; with ``host``, the probe's read bandwidth at each working set (grey)."""
+    count; with ``host``, the probe's read bandwidth at each working set (grey); tern rows that
+    carry a prediction, the predicted tok/s as hollow markers."""
     rows = latest_rows(rows)
     if not rows:
         raise ValueError("no peers rows to plot (run `tern bench peers`)")
@@ -51,6 +52,10 @@ def plot_peers(rows: list[dict[str, Any]], host: HostProfile | None = None) -> F
                 if engine == "tern" and i == 0:
                     ax_t.annotate(r["shape"], (x, r["tok_per_s"]), fontsize=7, xytext=(3, 3),
                                   textcoords="offset points")
+            pred = [(x, r["predicted_tok_per_s"]) for r, x in zip(pts, xs, strict=True) if r.get("predicted_tok_per_s")]
+            if pred:  # the predictor's figure for the same rows (tern.measure.peers: tern rows with a profile)
+                ax_t.plot(*zip(*pred, strict=True), ls="none", marker=style["marker"], mfc="none", ms=9,
+                          color=style["color"], label=f"{engine} predicted, {t} thread{'s' if t > 1 else ''}")
     if host is not None and host.thread_counts():
         ws = sorted({r["working_set_bytes"] for r in rows})
         for i, t in enumerate(threads):
@@ -63,6 +68,8 @@ def plot_peers(rows: list[dict[str, Any]], host: HostProfile | None = None) -> F
     for ax in (ax_t, ax_g):
         ax.grid(True, which="both", alpha=0.3)
     ax_g.legend(fontsize=7)
+    if any("predicted" in h.get_label() for h in ax_t.get_lines()):
+        ax_t.legend(fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -3,8 +3,9 @@
 :func:`work_inventory` lists, per pool (resident / streamed), how many calls, rows and
 units of each engine operation one token runs (the op names and cost models of
 tern.probe.ops); :func:`work_seconds` prices them with the host's measured
-:class:`~tern.core.host_profile.OpCost` figures. The roofline adds the result to the memory
-time (tern.predict.roofline, "op-cost model").
+:class:`~tern.core.host_profile.OpCost` figures; tern.predict.stall prices what the same work
+takes beyond that at a pool's working set. The roofline adds both (tern.predict.roofline,
+"op-cost model").
 
 Activation skip: the gated MLP's down projection reads only the rows of nonzero hidden
 units, so its bytes and work scale with the fraction of nonzero hidden units. The inventory assumes :data:`HIDDEN_DENSITY` per activation: at random
@@ -19,12 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
-from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
-from tern.core.host_queries import ROUTER_OP, ROW_CURVE_OPS, row_stall_factor
+from tern.core.host_profile import op_cost_for
+from tern.core.host_queries import ROUTER_OP
 from tern.kernels.policy import (
     CURRENT_POLICY,
     REGION_ROW_ALIGN,
@@ -125,15 +124,17 @@ class WorkInventory(NamedTuple):
     streamed_skipped_bytes: float
 
 
-def _add(work: Work, key: WorkKey | str, calls: float, rows: float, units: float, tails: float = 0.0) -> None:
+def add_work(work: Work, key: WorkKey | str, calls: float, rows: float, units: float, tails: float = 0.0) -> None:
     key = WorkKey(key) if isinstance(key, str) else key
     w = work.get(key, OpWork())
     work[key] = OpWork(w.calls + calls, w.rows + rows, w.units + units, w.tails + tails)
 
 
 # ops priced with another op's cost when a profile predates them (same kernel family; the int8
-# router's: the head's matvec, its curves and the fp32 table's bytes, roofline.router_table_bytes)
-COST_FALLBACK = {"ternary_stream": "ternary_matvec", "ternary_blocked": "ternary_matvec", ROUTER_OP: "int8_matvec"}
+# router's: the head's matvec, its curves and the fp32 table's bytes, roofline.router_table_bytes;
+# fp16 / bf16 matrices: the fp32 matvec's cost a weight, its curves at their bytes, curve_stall)
+COST_FALLBACK = {"ternary_stream": "ternary_matvec", "ternary_blocked": "ternary_matvec", ROUTER_OP: "int8_matvec",
+                 "w16_matvec": "fp32_matvec"}
 
 
 def priced_op(host: Any, op: str) -> str:
@@ -148,7 +149,9 @@ def _matvec_op(fmt: str, cols: int = 0, stream_rb: int = 0, blocked: bool = Fals
             return "ternary_blocked"
         stream = stream_rb and stream_rb <= (cols + 3) // 4 <= STREAM_MAX_ROW_BYTES
         return "ternary_stream" if stream else "ternary_matvec"
-    return "int8_matvec" if fmt == "int8" else "fp32_matvec"
+    if fmt == "int8":
+        return "int8_matvec"
+    return "w16_matvec" if f.bits_per_weight == 16 else "fp32_matvec"  # fp16 / bf16: 2 bytes a weight
 
 
 def _key(op: str, weights: int, ep: int = 0, policy: EnginePolicy = CURRENT_POLICY, cap: int = 0) -> WorkKey:
@@ -178,7 +181,7 @@ def _matvec(work: Work, fmt: str, rows: int, cols: int, n: float = 1.0, stream_r
     """``op``: the op that prices it where not the format's matvec (the int8 router's kernel)."""
     tails = n * rows if get_format(fmt).ternary and cols % SEGMENT_COLS else 0.0
     cap = -(-rows // REGION_ROW_ALIGN)  # the one-region step's items are whole 16-row blocks
-    _add(work, _key(op or _matvec_op(fmt, cols, stream_rb, policy.blocked), 0 if serial else rows * cols, ep, policy, cap),
+    add_work(work, _key(op or _matvec_op(fmt, cols, stream_rb, policy.blocked), 0 if serial else rows * cols, ep, policy, cap),
          n, n * rows, n * rows * cols, tails)
 
 
@@ -190,14 +193,14 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
     zeros (tern.kernels.policy.act_skip_applies); a SiLU down projection is a row matvec."""
     D = cfg.d_model
     _matvec(work, fmt, hidden, D, 2 * n, stream_rb, ep, policy)  # gate and up
-    _add(work, _key("vector", 0, ep, policy), n, 0, n * hidden)  # activation + quantization of the hidden vector
+    add_work(work, _key("vector", 0, ep, policy), n, 0, n * hidden)  # activation + quantization of the hidden vector
     rho = HIDDEN_DENSITY.get(cfg.activation, 1.0)
     f = get_format(fmt)
     if f.ternary and act_skip_applies(cfg.activation):
         tails = n * rho * hidden if D % SEGMENT_COLS else 0.0  # nonzero inputs over a partial output segment
         segments = -(-D // SEGMENT_COLS)  # the one-region step splits it over output segments (SIMD form)
         split = 0 if policy.region and not (policy.region_skip_split and segments > 1) else hidden * D
-        _add(work, _key("ternary_skip", split, ep, policy, segments), n, n * D, n * rho * hidden * D,
+        add_work(work, _key("ternary_skip", split, ep, policy, segments), n, n * D, n * rho * hidden * D,
              tails)  # rows: the D outputs
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n, stream_rb, ep, policy)
@@ -216,46 +219,47 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
     res: Work = {}
     st: Work = {}
     skip_res = skip_st = 0.0
-    _add(res, "vector", 1, 0, D)  # embedding row (int8 rows are scaled)
+    add_work(res, "vector", 1, 0, D)  # embedding row (int8 rows are scaled)
     for layer in range(cfg.n_layers):
-        _add(res, "vector", 1, 0, D)  # RMSNorm + quantization of the mixer input
+        add_work(res, "vector", 1, 0, D)  # RMSNorm + quantization of the mixer input
         if cfg.mixer(layer) == "ssm":
             _matvec(res, cfg.mixer_format, 2 * Di, D, 1, srb, policy=policy)  # in_proj
-            _add(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
+            add_work(res, "vector", 3, 0, (cfg.d_conv + 2) * Di)  # conv + two quantizations
             _matvec(res, cfg.mixer_format, R + 2 * N, Di, 1, srb, policy=policy)  # x_proj
             # dt projection (Di x R) + scan (Di x N) + channels; split over channels by the one-region step
             scan = WorkKey("ssm_step", "items") if scan_split(cfg, policy) else WorkKey("ssm_step")
-            _add(res, scan, 1, Di * R, Di * N, Di)
+            add_work(res, scan, 1, Di * R, Di * N, Di)
             _matvec(res, cfg.mixer_format, D, Di, 1, srb, policy=policy)  # out_proj
         else:
             _matvec(res, cfg.mixer_format, 3 * D, D, 1, srb, policy=policy)  # q, k, v
             pos = min(ctx, cfg.attn_window)
             # units: position x d_model; tails: x heads. Split by the one-region step in items of whole heads
             attn = WorkKey("attention", "items", cfg.n_heads) if attn_split(cfg, policy) else WorkKey("attention")
-            _add(res, attn, 1, 0, pos * D, pos * cfg.n_heads)
-            _add(res, "vector", 1, 0, D)
+            add_work(res, attn, 1, 0, pos * D, pos * cfg.n_heads)
+            add_work(res, "vector", 1, 0, D)
             _matvec(res, cfg.mixer_format, D, D, 1, srb, policy=policy)  # out
         if cfg.is_moe(layer):
-            _add(res, "vector", 1, 0, D)
+            add_work(res, "vector", 1, 0, D)
             if cfg.n_shared:
                 skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.shared_hidden, cfg.n_shared, srb, policy=policy)
             # router logits (fp32 math; split by the one-region step where EnginePolicy.region_router_split):
-            # int8 rows by the router kernel (op router_int8) where EnginePolicy.router_int8, else an fp32 table
-            router_fmt = "int8" if policy.router_int8 and cfg.router_format == "int8" else "fp32"
+            # int8 rows by the router kernel (op router_int8) where EnginePolicy.router_int8, else an fp32 table;
+            # fp16 / bf16 rows as stored (the w16 matvec)
+            router_fmt = ("int8" if policy.router_int8 else "fp32") if cfg.router_format == "int8" else cfg.router_format
             _matvec(res, router_fmt, cfg.n_experts, D, policy=policy,
                     serial=not (policy.region and policy.region_router_split),
                     op=ROUTER_OP if router_fmt == "int8" else None)
-            _add(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
+            add_work(res, "vector", 1, 0, cfg.n_experts)  # softmax + top-k
             skip_st += _gated_mlp(st, cfg, cfg.expert_format, cfg.expert_hidden, cfg.top_k, srb_routed,
                                   experts_parallel(cfg, policy), policy)
         elif cfg.mlp_hidden:
-            _add(res, "vector", 1, 0, D)
+            add_work(res, "vector", 1, 0, D)
             skip_res += _gated_mlp(res, cfg, cfg.mlp_format, cfg.mlp_hidden, 1, srb, policy=policy)
-    _add(res, "vector", 1, 0, D)  # final norm
+    add_work(res, "vector", 1, 0, D)  # final norm
     head_fmt = cfg.embed_format if cfg.tie_embeddings else cfg.head_format
     _matvec(res, head_fmt, cfg.vocab_size, D, policy=policy)
     if policy.region:  # entering the token's region once, then its phases (threads > 1 only)
-        _add(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
+        add_work(res, WorkKey(REGION_PHASE, "rows"), 1, 0,
              region_phases(cfg, policy.region_skip_split, policy.region_router_split, policy.region_min_weights,
                            policy.region_scan_split, policy.region_attn_split, policy.region_attn_min_d))
     return WorkInventory(res, st, skip_res, skip_st)
@@ -266,7 +270,7 @@ REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its
 
 # weight bytes read per unit of each matrix op (units are weights; the others read state)
 WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25, "ternary_blocked": 0.25,
-                         "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0}
+                         "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0, "w16_matvec": 2.0}
 
 
 def parallel_byte_share(work: Work, threads: int) -> float:
@@ -310,140 +314,3 @@ def work_seconds(work: Work, host: Any, threads: int = 1) -> float | None:
     """Total seconds of :func:`work_breakdown` (None when a cost is missing)."""
     b = work_breakdown(work, host, threads)
     return None if b is None else sum(b.values())
-
-
-# ---- memory: the measured kernel curves ------------------------------------------------------
-def _curve_split(key: WorkKey, threads: int) -> str:
-    """The measured curve split that prices ``key`` at ``threads``: one-region items run as
-    concurrent single-thread calls, as the expert-parallel ones ("experts" curves)."""
-    if threads <= 1:
-        return "serial"
-    return "experts" if key.split in ("items", "region_experts") else key.split
-
-
-def _serial_reference(key: WorkKey, threads: int) -> bool:
-    """Is ``key``'s curve read against the single-thread curve (expert-parallel work: each
-    group of the "experts" curves starts a parallel region, which the per-matrix step's
-    expert-parallel layers pay too) rather than against its own cache-resident start?"""
-    return key.split == "experts" and threads > 1
-
-
-def _curve_slowdown(host: Any, key: WorkKey, threads: int, ws: float) -> float | None:
-    """How many times longer than on cache-resident data each weight of ``key``'s op takes
-    at working set ``ws``, from the profile's measured kernel curves (None: no curve).
-    The curve's fixed part per call (the op cost's call and per-row terms at the curve's
-    shape) is taken out first, so only the per-weight part scales."""
-    split = _curve_split(key, threads)
-    curve = op_curve_for(host.op_curves, key.op, split, threads)
-    if curve is None:
-        return None
-    ref = op_curve_for(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else curve
-    if ref is None:
-        return None
-    t_cost, _ = key.priced_at(threads)
-    cost = op_cost_for(host.op_costs, key.op, t_cost)
-    rows = curve.cols if key.op == "ternary_skip" else curve.rows  # the skip's rows are its outputs
-    t_ref = ref.seconds[0]
-    fixed = 0.0 if cost is None else min(cost.call_s + cost.row_s * rows, 0.5 * t_ref)
-    return max(curve.seconds_at(ws) - fixed, 0.0) / (t_ref - fixed)
-
-
-def _per_call_at(pair: tuple[Any, Any], ws: float, weights: float, first: bool = False) -> float:
-    """Seconds per call of a matrix reading ``weights`` weights at working set ``ws``,
-    linear in the weights read through the two measured shapes of ``pair`` (``first``: at
-    each curve's smallest, cache-resident working set)."""
-    w_s, w_l = (c.rows * c.cols * c.density for c in pair)
-    t_s, t_l = (c.seconds[0] if first else c.seconds_at(ws) for c in pair)
-    return t_s + (weights - w_s) * (t_l - t_s) / (w_l - w_s)
-
-
-def _trio_per_call_at(trio: tuple[Any, Any, Any], ws: float, weights: float, rows: float,
-                      first: bool = False) -> float:
-    """Seconds per call of a matrix of ``rows`` rows reading ``weights`` weights at working
-    set ``ws``: the plane ``a + b x weights + c x rows`` through the three measured shapes
-    of ``trio`` (``first``: at each curve's smallest, cache-resident working set). The
-    per-row term is measured at the working set, so how much of a long-running matrix's
-    per-row work hides the memory stream is the host's, not assumed. A matrix with more (or
-    fewer) rows per weight than every measured shape is priced at the nearest measured
-    ratio: the plane is a fit over the shapes, not a law beyond them. (The 4m sweep family's
-    experts, 2048 x 256 with 64-byte rows, extrapolated 2x past the 2048 x 512 shape priced
-    a per-row DRAM stall that the engine does not pay: Intel Xeon host compiled for AVX2,
-    4m-e640 / 4m-e1309 at 1 thread measured 1.32 / 1.30x their predictions; held at the
-    measured range: 49 / 50 within +-20 % there instead of 45, no committed host worse.)"""
-    A = np.array([[1.0, c.rows * c.cols * c.density, float(c.cols if c.op == "ternary_skip" else c.rows)]
-                  for c in trio])
-    t = np.array([c.seconds[0] if first else c.seconds_at(ws) for c in trio])
-    a, b, c = np.linalg.solve(A, t)
-    if weights > 0:  # rows per weight held within the measured shapes' range: the plane is not extrapolated
-        per_weight = A[:, 2] / A[:, 1]
-        rows = min(max(rows, weights * float(per_weight.min())), weights * float(per_weight.max()))
-    return float(a + b * weights + c * rows)
-
-
-def _pair_extra_per_call(host: Any, key: WorkKey, threads: int, ws: float, weights: float,
-                         rows: float | None = None) -> float | None:
-    """Seconds one call of ``key``'s op reading ``weights`` weights over ``rows`` rows takes
-    at working set ``ws`` beyond the same call on cache-resident data, from the measured
-    matrix shapes: three (:func:`~tern.core.host_profile.op_curve_trio`: per-call,
-    per-weight and per-row terms) where the profile has them and ``rows`` is given, else two
-    (a per-call stall plus a per-weight one); None with fewer. With ``split == "experts"``
-    the curve's time is per group of parallel calls and the reference is the single-thread
-    curve, as in :func:`_curve_slowdown`; one-region items read the same "experts" curves
-    against their own cache-resident start (a group of items starts no parallel region of
-    its own, which the curve's groups each do: that cost is not theirs)."""
-    split = _curve_split(key, threads)
-    if rows is not None:
-        trio = op_curve_trio(host.op_curves, key.op, split, threads)
-        ref3 = op_curve_trio(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else trio
-        if trio is not None and ref3 is not None:
-            try:
-                return max(0.0, _trio_per_call_at(trio, ws, weights, rows)
-                           - _trio_per_call_at(ref3, ws, weights, rows, first=True))
-            except np.linalg.LinAlgError:  # degenerate shapes (no row-heavy one): the pair
-                pass
-    pair = op_curve_pair(host.op_curves, key.op, split, threads)
-    ref = op_curve_pair(host.op_curves, key.op, "serial", 1) if _serial_reference(key, threads) else pair
-    if pair is None or ref is None:
-        return None
-    return max(0.0, _per_call_at(pair, ws, weights) - _per_call_at(ref, ws, weights, first=True))
-
-
-def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, float] | None:
-    """(seconds, weight bytes) the curve-covered ops of ``work`` take beyond their
-    cache-resident cost at working set ``ws``; None when the profile has no kernel curves.
-    Where the profile has two matrix sizes of an op's curve, each call's extra time is read
-    off them at the op's own matrix size (:func:`_pair_extra_per_call`); else each op's
-    per-weight cost is scaled by its curve's slowdown there (:func:`_curve_slowdown`). The
-    row passes' extra time is scaled by their row length's stall over the curve's
-    (tern.core.host_queries.row_stall_factor: 1.0 for profiles without row curves)."""
-    if not getattr(host, "op_curves", ()):
-        return None
-    stand_in = {op: COST_FALLBACK[op] for op in (ROUTER_OP, "ternary_blocked") if priced_op(host, op) != op}
-    if stand_in:  # a profile from before: the router as the int8 head's matvec, the blocked pass as the 4-row
-        merged: Work = {}
-        for key, w in work.items():
-            _add(merged, WorkKey(stand_in.get(key.op, key.op), key.split, key.experts), *w)
-        work = merged
-    extra = covered = 0.0
-    for key, w in work.items():
-        if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
-            continue
-        t, divisor = key.priced_at(threads)
-        # a call's weights and rows, and the calls one curve group (threads at once) stands for:
-        # an items matrix is one group of its items, expert-parallel calls share their groups
-        pieces = divisor if key.split == "items" and threads > 1 else 1.0
-        # rows longer (or, streamed, shorter) than the curve's stall more or less a byte (tern.probe.row_curves)
-        row = (row_stall_factor(host, key.op, threads, w.units / w.rows / 4,
-                                "rows" if key.split in ("items", "rows") else "experts")
-               if key.op in ROW_CURVE_OPS and w.rows else 1.0)
-        per_call = _pair_extra_per_call(host, key, threads, ws, w.units / w.calls / pieces, w.rows / w.calls / pieces)
-        if per_call is not None:
-            extra += w.calls * per_call * pieces / divisor * row
-        else:
-            slow = _curve_slowdown(host, key, threads, ws)
-            cost = op_cost_for(host.op_costs, key.op, t)
-            if slow is None or cost is None:
-                continue
-            extra += cost.unit_s * w.units * (slow - 1.0) / divisor * row
-        covered += w.units * WEIGHT_BYTES_PER_UNIT[key.op]
-    return extra, covered

@@ -60,7 +60,7 @@ tern.probe.curves): each matvec kernel is timed over cycles of matrices from L2-
 DRAM-sized working sets, at one thread and run the way the engine runs it with more
 threads (rows split, or experts in parallel). A matvec's per-weight cost at the pool's
 working set is its cache-resident cost times the measured slowdown there
-(tern.predict.inventory.curve_stall), the row passes' stall scaled by their matrix's row length
+(tern.predict.stall.curve_stall), the row passes' stall scaled by their matrix's row length
 as the probe measured it (profile version 5: tern.probe.row_curves). Bytes no kernel curve covers (recurrent state,
 attention cache, element-wise work) stall as the plain read kernel's do:
 ``bytes x max(0, 1 / bw(working set) - 1 / bw(OP_COST_WORKING_SET))``; with threads > 1
@@ -102,7 +102,6 @@ from tern.core.host_queries import (
 )
 from tern.kernels.policy import EnginePolicy
 from tern.predict.inventory import (
-    curve_stall,
     parallel_byte_share,
     priced_op,
     work_breakdown,
@@ -110,6 +109,7 @@ from tern.predict.inventory import (
     work_seconds,
 )
 from tern.predict.pools import TwoPool, decoded_context, two_pool, two_pool_from_params
+from tern.predict.stall import curve_stall
 
 POLICIES = ("reuse", "whole")
 OP_COST_WORKING_SET = 256 * 1024  # bytes: the op costs were timed on data about this size (L2)

@@ -24,10 +24,10 @@ Shapes (rows x cols; 256 KiB of weights per matrix at least): the 4-row ternary 
 (one thread: chained into the next matrix, as the engine) on 256-byte rows, the streaming pass on 1 KiB rows
 (the engine streams 320 B - 4 KB rows of DRAM-resident pools), the activation-skip kernel with a quarter of
 its inputs nonzero (tern.predict.inventory.HIDDEN_DENSITY at random initialisation; skipped rows are not
-read), the int8 and fp32 matvecs of heads and routers. The ternary ops are timed at a second, 4x smaller
+read), the int8, fp16 / bf16 (w16) and fp32 matvecs of heads and routers. The ternary ops are timed at a second, 4x smaller
 matrix too (:data:`SMALL_CURVE_SHAPES`), serial and expert-parallel: from the two sizes the predictor reads
 each call's time at the op's own matrix size, so a per-call stall (a cold prefetch stream at every matrix)
-is measured, not folded into a per-weight rate (tern.predict.inventory.curve_stall). The 4-row pass has a
+is measured, not folded into a per-weight rate (tern.predict.stall.curve_stall). The 4-row pass has a
 third, row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a per-row term
 is measured at every working set too. The weights are mapped from a file, as the engine maps (:class:`CurveBuffer`).
 """
@@ -50,7 +50,7 @@ from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
 from tern.probe.curve_buffer import CurveBuffer
-from tern.probe.ops import engine_kernel_deps
+from tern.probe.op_drivers import engine_kernel_deps
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
 # op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
@@ -61,6 +61,7 @@ CURVE_SHAPES = {
     "ternary_skip": (1024, 1024),
     "int8_matvec": (512, 512),
     "fp32_matvec": (256, 256),
+    "w16_matvec": (256, 512),  # fp16 / bf16 heads, tables and routers: 256 KiB, as the fp32 shape
     ROUTER_OP: (256, 1024),  # the engine's int8 router kernel (1 thread: its items' kernel)
 }
 PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1M) weights
@@ -70,6 +71,7 @@ PAR_CURVE_SHAPES = {  # the engine splits only matrices of >= PAR_MIN_WEIGHTS (1
     "ternary_skip": (1024, 1024),
     "int8_matvec": (1024, 1024),
     "fp32_matvec": (1024, 1024),
+    "w16_matvec": (1024, 1024),
 }
 EXPERT_OPS = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip")
 # a second, 4x smaller matrix of each ternary op (64 KiB; serial and expert-parallel): with
@@ -94,13 +96,13 @@ QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 
 
 def _weight_bytes(op: str, rows: int, cols: int) -> int:
-    """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp32: 4 B)."""
+    """Bytes of weights one matrix of ``op`` stores (ternary2: 2 bits, int8: 1 B, fp16 / bf16: 2 B, fp32: 4 B)."""
     if op == "ternary_blocked":  # rows and columns padded to 16 (imported here: it builds numba intrinsics)
         from tern.kernels.kernels_blocked import blocked16_bytes
         return blocked16_bytes(rows, cols)
     if op.startswith("ternary"):
         return rows * ((cols + 3) // 4)
-    return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 4)
+    return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 2 if op == "w16_matvec" else 4)
 
 
 # ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
@@ -194,9 +196,18 @@ def _drivers() -> dict[str, Callable]:
                 else:
                     kd.matvec_fp32_nb(W[m], x, out)
 
+    @numba.njit(cache=True)
+    def w16(W, order, x, out, passes, par):
+        for _ in range(passes):
+            for m in order:
+                if par:
+                    ks.matvec_w16_par(W[m], x, out, False)
+                else:
+                    ks.matvec_w16(W[m], x, out, False)
+
     drop_stale_cache(__file__, engine_kernel_deps(), ternary)
     return {"ternary": ternary, "ternary_experts": ternary_experts, "blocked": blocked,
-            "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32}
+            "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32, "w16": w16}
 
 
 @lru_cache(maxsize=1)
@@ -247,6 +258,10 @@ def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: in
         W = buf.view(np.float32, (n_mats, r, c))
         x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return lambda n: d["fp32"](W, order, x, out, n, par)
+    if op == "w16_matvec":  # the buffer's bytes 0x30-0x3F read as fp16 bits are normal numbers (0.13-1.9)
+        W = buf.view(np.uint16, (n_mats, r, c))
+        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return lambda n: d["w16"](W, order, x, out, n, par)
     raise ValueError(f"no working-set curve for op {op!r}; ops: {sorted(CURVE_SHAPES)}")
 
 

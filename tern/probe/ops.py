@@ -19,6 +19,9 @@ ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + 
                    cost is the accumulator set-up and scaling)
 int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
 fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
+w16_matvec         kernels_stored.matvec_w16(_par): fp16 / bf16 heads,    call + row x rows + unit x weights
+                   tables and routers, 2 bytes a weight (timed as fp16;
+                   bf16 widens by a shift where fp16 converts)
 router_int8        kernels_stored._router_int8: an int8 router, each row  call + row x rows + unit x weights
                    dequantized into an L1 row and summed by the fp32 row
                    dot (1 thread only: the one-region step splits its
@@ -47,10 +50,8 @@ timed at sizes above that). The roofline (tern.predict.roofline) adds these cost
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from tern.core.engine_tuning import for_threads
@@ -58,24 +59,26 @@ from tern.core.host_profile import OpCost
 from tern.core.host_queries import ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.attention import SCORE_PAD
-from tern.kernels.cache_guard import drop_stale_cache
 from tern.kernels.kernels_dense import column_blocks
 from tern.kernels.region import phase_counters
 from tern.probe.bandwidth import numba_threads
+from tern.probe.op_drivers import drivers
 from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
 
-MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip", "int8_matvec", "fp32_matvec")
+MATVEC_OPS = ("ternary_matvec", "ternary_stream", "ternary_blocked", "ternary_skip", "int8_matvec", "fp32_matvec",
+              "w16_matvec")
 # ROUTER_OP: timed at 1 thread only (tern.predict.inventory prices its items there)
 OPS = MATVEC_OPS + (ROUTER_OP, "ssm_step", "attention", "vector")
 REGION_OP = "region_phase"  # timed at threads > 1 only (tern.predict.inventory prices it there)
 _REGION_PHASES = (4, 32, 128, 512)
 
-# (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32
+# (rows, cols) shapes, all cache-resident: rows x cols / 4 bytes ternary, x 1 int8, x 4 fp32, x 2 w16
 _MATVEC_SHAPES = {
     "ternary": ((32, 256), (256, 256), (1024, 256), (64, 1024), (512, 1024), (128, 4096), (1024, 2048),
                 (512, 384), (1536, 384), (256, 640), (768, 1152)),  # the last four: partial segments
     "int8": ((64, 256), (512, 256), (1024, 256), (256, 1024), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (256, 512), (128, 1024)),
+    "w16": ((64, 256), (512, 256), (256, 1024), (128, 2048)),
     # routers: E experts x d_model (the sweep's 4m family has up to 2,676 x 256; the 10B picks 256 x 1,024)
     "router": ((64, 256), (512, 256), (2048, 256), (256, 1024), (128, 2048)),
 }
@@ -85,11 +88,13 @@ _PAR_SHAPES = {
                 (4096, 384), (2048, 640)),
     "int8": ((1024, 1024), (2048, 512), (512, 2048)),
     "fp32": ((1024, 1024), (512, 2048)),
+    "w16": ((1024, 1024), (512, 2048)),
 }
 _QUICK_SHAPES = {
     "ternary": ((32, 256), (1024, 256), (128, 4096), (1536, 384)),
     "int8": ((64, 256), (1024, 256), (128, 2048)),
     "fp32": ((64, 256), (512, 128), (128, 1024)),
+    "w16": ((64, 256), (512, 256), (128, 2048)),
     "router": ((64, 256), (2048, 256), (128, 2048)),
 }
 # (Di, N, R); dt_rank R varies apart from Di so the fit separates the dt projection (Di x R)
@@ -101,133 +106,6 @@ _SSM_QUICK = (0, 4, 5)
 _ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64), (384, 6, 128),
                 (768, 12, 64), (384, 12, 128))  # (D, heads, n)
 _VECTOR_SIZES = (128, 512, 2048, 8192)
-
-
-# ---- numba drivers: the repetition loop runs inside numba ----------------------------------
-def _drivers():
-    from tern.kernels import kernels_blocked as kb
-    from tern.kernels import kernels_dense as kd
-    from tern.kernels import kernels_stored as ks
-    from tern.kernels import kernels_ternary as kt
-    from tern.kernels import ops
-    from tern.kernels.quant import quantize_act
-    from tern.kernels.region import claim, finish, wait_done
-
-    @numba.njit(cache=True)
-    def ternary(P, S, xq, out, count, par, skip, stream, prefetch):
-        """skip: P is the transposed (inputs, outputs) layout of the activation skip;
-        stream: the one-row-per-pass kernel (``prefetch``: its software prefetch)."""
-        xs = np.float32(0.01)
-        for _ in range(count):
-            if skip and par:
-                kt.ternary_matvec_skip_par(P, S, xq, xs, out)
-            elif skip:
-                kt.ternary_matvec_skip(P, S, xq, xs, out)
-            elif stream and par:
-                kt.ternary_matvec_stream_par(P, S, xq, xs, out, prefetch)
-            elif stream:
-                kt.ternary_matvec_stream(P, S, xq, xs, out, prefetch)
-            elif par:
-                kt.ternary_matvec_par(P, S, xq, xs, out)
-            else:
-                kt.ternary_matvec(P, S, xq, xs, out)
-
-    @numba.njit(cache=True)
-    def blocked(P, S, xq, out, count, par):
-        """P: a blocked16 matrix (blocks, bytes per block), as the engine runs it (no next matrix)."""
-        xs = np.float32(0.01)
-        for _ in range(count):
-            if par:
-                kb.blocked16_matvec_par(P, S, xq, xs, out)
-            else:
-                kb.blocked16_matvec_next(P, S, xq, xs, out, True, kt.NO_NEXT)
-
-    @numba.njit(cache=True)
-    def int8(W, S, x, out, count, par):
-        for _ in range(count):
-            if par:
-                ops.matvec_int8w_par(W, S, x, out)
-            else:
-                ops.matvec_int8w(W, S, x, out)
-
-    @numba.njit(cache=True)
-    def router(Wq, sc, xn, out, count):
-        for _ in range(count):
-            ks._router_int8(Wq, sc, xn, out)
-
-    @numba.njit(cache=True)
-    def fp32(W, x, out, count, par):
-        for _ in range(count):
-            if par:
-                kd.matvec_fp32_parallel_nb(W, x, out)
-            else:
-                kd.matvec_fp32_nb(W, x, out)
-
-    @numba.njit(cache=True)
-    def ssm(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, count):
-        for _ in range(count):
-            ops.selective_scan_step(dtw, dtb, AT, Dp, hT, dbc, uc, z, dt, y, 0, dt.shape[0])
-
-    @numba.njit(cache=True)
-    def attn(uz, kc, vc, D, W, nh, t, sc, y, count):
-        for _ in range(count):
-            ops.attend(uz[:D], kc, vc, uz, D, W, nh, np.int64(1), t, sc, y)
-
-    @numba.njit(cache=True)
-    def vector(x, g, xn, xq, count):
-        s = np.float32(0.0)
-        for _ in range(count):
-            ops.rmsnorm(x, g, np.float32(1e-5), xn)
-            s += quantize_act(xn, xq, np.float32(1e-5))
-        return s
-
-    @numba.njit(cache=True, parallel=True)
-    def _region(ctr, n_phases, threads):
-        for i in range(ctr.shape[0]):  # as ops_region.token_step_region: reset, one region ...
-            ctr[i] = 0
-        for _tid in numba.prange(threads):  # ... whose threads walk the phases together
-            for p in range(n_phases):
-                mine = claim(ctr, p) == 0
-                if mine:
-                    finish(ctr, p)
-                wait_done(ctr, p, 1)
-
-    @numba.njit(cache=True)
-    def region(ctr, n_phases, threads, count):
-        for _ in range(count):
-            _region(ctr, n_phases, threads)
-
-    # the cached drivers embed the engine's kernels: drop them when those files changed
-    drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "blocked": blocked, "int8": int8, "router": router, "fp32": fp32, "ssm": ssm, "attn": attn,
-            "vector": vector, "region": region}
-
-
-# the engine files whose code the cached drivers embed (tern.kernels.cache_guard)
-ENGINE_KERNEL_DEPS = tuple(f"../kernels/{f}" for f in ("kernels_ternary.py", "kernels_blocked.py", "simd.py",
-                                              "ops.py", "quant.py", "kernels_dense.py", "fastmath.py", "kernels_b3.py",
-                                              "kernels_stored.py", "prefetch.py", "region.py", "routing.py",
-                                              "ssm_step.py", "kernels_unpack.py", "attention.py", "cache_guard.py"))
-
-
-def engine_kernel_deps() -> tuple[str, ...]:
-    """ENGINE_KERNEL_DEPS plus the import-time settings compiled into those kernels
-    (tern.kernels.kernels_ternary.COMPILED_SETTINGS, tern.kernels.region.REGION_STAMP): what a
-    cached driver's stamp hashes."""
-    from tern.kernels import kernels_ternary as kt
-    from tern.kernels.region import REGION_STAMP
-
-    return ENGINE_KERNEL_DEPS + (kt.COMPILED_SETTINGS, REGION_STAMP)
-
-
-_DRIVERS: dict[str, Callable] | None = None
-
-
-def drivers() -> dict[str, Callable]:
-    global _DRIVERS
-    if _DRIVERS is None:
-        _DRIVERS = _drivers()
-    return _DRIVERS
 
 
 # ---- one op at one size ---------------------------------------------------------------------
@@ -283,6 +161,11 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         W = rng.standard_normal((r, c)).astype(f32)
         x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
         return (lambda n: d["fp32"](W, x, out, n, par)), r, float(r * c)
+    if op == "w16_matvec":
+        r, c = shape
+        W = rng.standard_normal((r, c)).astype(np.float16).view(np.uint16)  # fp16 bits, as stored
+        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
+        return (lambda n: d["w16"](W, x, out, n, par)), r, float(r * c)
     if op == "ssm_step":
         di, ns, rk = shape
         dtw = column_blocks((0.1 * rng.standard_normal((di, rk))).astype(f32))  # as the engine re-packs it
@@ -315,7 +198,7 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
     if op in MATVEC_OPS:
         fam = {"ternary_matvec": "ternary", "ternary_stream": "ternary", "ternary_skip": "ternary",
                "ternary_blocked": "ternary", "int8_matvec": "int8",
-               "fp32_matvec": "fp32"}[op]
+               "fp32_matvec": "fp32", "w16_matvec": "w16"}[op]
         if threads > 1:
             return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]
         return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]

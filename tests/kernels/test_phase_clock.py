@@ -93,7 +93,7 @@ def test_phase_clock_arithmetic_and_bad_counters(monkeypatch):
 
 def test_setting_is_in_the_cache_stamps():
     from tern.kernels.region_items import REGION_DEPS
-    from tern.probe.ops import engine_kernel_deps
+    from tern.probe.op_drivers import engine_kernel_deps
 
     assert REGION_STAMP == "phase_clock=False"
     assert REGION_STAMP in REGION_DEPS and REGION_STAMP in engine_kernel_deps()

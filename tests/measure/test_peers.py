@@ -133,6 +133,14 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
         assert r["bandwidth_fraction"] == pytest.approx(r["gbps_end_to_end"] / r["read_gbps_at_ws"])
     tern, llama = rows[0], rows[1]
     assert tern["engine_bytes_per_token"] == tern["bytes_per_token"]  # fp16 head read as stored
+    # tern rows carry the predictor's figure for the same engine and context (tern.measure.sweep.predicted)
+    from tern.measure.sweep import predicted
+    for r in rows:
+        if r["engine"] == "tern":
+            want = predicted(TINY.cfg, host, r["threads"], None, 64)["predicted_tok_per_s"]
+            assert r["predicted_tok_per_s"] == pytest.approx(want) and r["ratio"] == pytest.approx(200.0 / want)
+        else:
+            assert "predicted_tok_per_s" not in r and "ratio" not in r
     assert llama["tok_per_s"] == 110.0 and llama["samples_tok_per_s"] == [100.0, 110.0, 120.0]
     assert llama["llama_cpp"]["build_commit"] == "fake123" and llama["llama_cpp"]["label"] == "test build"
     assert llama["gguf"] == {"body": "TQ2_0", "n_kv_heads": 4}
@@ -146,11 +154,15 @@ def test_rows_of_both_engines(tmp_path, fake_llama):
     assert table[0]["by_threads"][1]["tern_over_llama"] == pytest.approx(200.0 / 110.0)
     text = render_peers(res)
     assert "tiny" in text and "1.82" in text and "now llama" in text
+    assert "/pred" in text and f"{200.0 / rows[0]['predicted_tok_per_s']:.2f}" in text
     assert "threads far apart" in text and "tiny tern 2t (356 ns)" in text and "llama.cpp 2t (53 ns)" not in text  # (a busy-host line may say "(53%)")
     assert table[0]["by_threads"][2]["tern"]["fraction_now"] == rows[2]["bandwidth_fraction_same_run"]
     assert len(peers_rows(tmp_path / "res")) == 4
     fig = plot_peers(rows, host)
     assert len(fig.axes) == 2 and fig.axes[0].get_ylabel().startswith("tok/s")
+    hollow = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines() if "predicted" in ln.get_label()}
+    assert hollow == {"tern predicted, 1 thread": [pytest.approx(rows[0]["predicted_tok_per_s"])],
+                      "tern predicted, 2 threads": [pytest.approx(rows[2]["predicted_tok_per_s"])]}
     sweep = {"kind": "sweep_point", "family": "fixed_active", "budget": "30m", "threads": 1, "tok_per_s": 10.0,
              "active_bytes": 1e9, "total_bytes": 2e9}
     ax = plot_utilisation(rows + [sweep], host).axes[0]
@@ -211,6 +223,7 @@ def test_tern_alone_without_llama_or_profile(tmp_path):
     assert all("bandwidth_fraction_same_run" not in r for r in res["rows"])
     assert res["note"] == HOW_TO_GET_LLAMA and "benchmarks/README.md" in res["note"]
     assert all(r["bandwidth_fraction"] is None and "tern probe" in r["bandwidth_note"] for r in res["rows"])
+    assert all("predicted_tok_per_s" not in r for r in res["rows"])  # no profile, no prediction
     assert not list((tmp_path / "models" / "peers").glob("*.gguf"))  # no GGUF without llama.cpp
     with pytest.raises(ValueError, match="tokens"):
         run_peers([TINY], [1], tmp_path, tokens=0)

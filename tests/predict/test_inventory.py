@@ -298,7 +298,7 @@ def test_trio_plane_is_not_extrapolated_past_the_measured_row_ratios():
     row-heavy measured ratio, one with fewer at the least: the fit is not a law beyond the
     shapes it was fitted on."""
     from tern.core.host_profile import OpCurve
-    from tern.predict.inventory import _trio_per_call_at
+    from tern.predict.stall import _trio_per_call_at
 
     a, b, c = 1e-7, 2e-11, 5e-9  # seconds: per call, per weight, per row (at both working sets)
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from tern.core.host_profile import HostProfile, OpCurve, op_curve_for, op_curve_pair, op_curve_trio
-from tern.predict.inventory import WorkKey, curve_stall
+from tern.predict.inventory import WorkKey
+from tern.predict.stall import curve_stall
 from tern.probe import curves
 from tern.probe.curve_buffer import CurveBuffer
 from tern.probe.curves import (
@@ -25,6 +26,7 @@ FAST = TimingConfig(min_time_s=0.002, repeats=2, warmup_s=0.0, max_calibration_s
 
 @pytest.mark.parametrize("op,split,threads", [("ternary_matvec", "serial", 1), ("ternary_skip", "serial", 1),
                                               ("int8_matvec", "serial", 1), ("fp32_matvec", "serial", 1),
+                                              ("w16_matvec", "serial", 1), ("w16_matvec", "rows", 2),
                                               ("ternary_stream", "experts", 2), ("ternary_matvec", "rows", 2)])
 def test_a_curve_is_measured_over_growing_working_sets(op, split, threads):
     buf = CurveBuffer(4 << 20)
@@ -112,7 +114,7 @@ def test_curve_validation_and_lookup():
     assert op_curve_for([c], "ternary_matvec", "serial", 4) is c
     assert op_curve_for([c], "ternary_matvec", "rows", 2) is None
     plan = curve_plan((1, 2))
-    assert len(plan) == 27 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
+    assert len(plan) == 29 and all(s == "serial" for _, s, _, _ in curve_plan((1, 2), quick=True))
     # the engine's router kernel: one serial curve (the one-region step's router items are single-thread calls)
     assert [(s, t) for op, s, t, _ in plan if op == "router_int8"] == [("serial", 1)]
     # the smaller and row-heavy shapes come after every main shape (an older reader takes the first curve)

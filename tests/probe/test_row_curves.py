@@ -1,5 +1,5 @@
 """The row passes' DRAM stall against row length (tern.probe.row_curves) and its use by the
-predictor (tern.core.host_queries.row_stall_factor, tern.predict.inventory.curve_stall)."""
+predictor (tern.core.host_queries.row_stall_factor, tern.predict.stall.curve_stall)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from tern.core.host_profile import READABLE_VERSIONS, VERSION, HostProfile, OpCost, OpCurve
 from tern.core.host_queries import row_stall_factor, stall_per_byte
-from tern.predict.inventory import OpWork, WorkKey, curve_stall
+from tern.predict.inventory import OpWork, WorkKey
+from tern.predict.stall import curve_stall
 from tern.probe import row_curves
 from tern.probe.row_curves import (
     QUICK_ROW_BYTES,
