@@ -146,6 +146,10 @@ ROW_CURVE_OPS = ("ternary_matvec", "ternary_stream")  # the 4-row pass and the s
 # the engine's int8 router kernel (kernels_stored._router_int8): the op name of its probe cost and
 # curve (tern.probe.ops / curves) and of its work in the predictor (tern.predict.inventory)
 ROUTER_OP = "router_int8"
+# weight bytes each matrix op reads per weight (its units): what the probe's curves time
+# (tern.probe.curves) and what the predictor prices (tern.predict.inventory / stall) — one table
+OP_WEIGHT_BYTES = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25, "ternary_blocked": 0.25,
+                   "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0, "w16_matvec": 2.0}
 
 
 def stall_per_byte(curve: OpCurve) -> float:

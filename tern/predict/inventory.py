@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from tern.core.config import ModelConfig
 from tern.core.formats import get_format
 from tern.core.host_profile import op_cost_for
-from tern.core.host_queries import ROUTER_OP
+from tern.core.host_queries import OP_WEIGHT_BYTES, ROUTER_OP
 from tern.kernels.policy import (
     CURRENT_POLICY,
     REGION_ROW_ALIGN,
@@ -268,9 +268,6 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
 REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its phases (units)
 
 
-# weight bytes read per unit of each matrix op (units are weights; the others read state)
-WEIGHT_BYTES_PER_UNIT = {"ternary_matvec": 0.25, "ternary_stream": 0.25, "ternary_skip": 0.25, "ternary_blocked": 0.25,
-                         "int8_matvec": 1.0, ROUTER_OP: 1.0, "fp32_matvec": 4.0, "w16_matvec": 2.0}
 
 
 def parallel_byte_share(work: Work, threads: int) -> float:
@@ -282,7 +279,7 @@ def parallel_byte_share(work: Work, threads: int) -> float:
     par = total = 0.0
     for key, w in work.items():
         t, divisor = key.priced_at(threads)
-        b = w.units * WEIGHT_BYTES_PER_UNIT.get(key.op, 0.0)
+        b = w.units * OP_WEIGHT_BYTES.get(key.op, 0.0)
         total += b
         if t > 1 or divisor > 1:
             par += b

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from tern.core.host_profile import op_cost_for, op_curve_for, op_curve_pair, op_curve_trio
-from tern.core.host_queries import ROUTER_OP, ROW_CURVE_OPS, row_stall_factor
-from tern.predict.inventory import COST_FALLBACK, WEIGHT_BYTES_PER_UNIT, Work, WorkKey, add_work, priced_op
+from tern.core.host_queries import OP_WEIGHT_BYTES, ROUTER_OP, ROW_CURVE_OPS, row_stall_factor
+from tern.predict.inventory import COST_FALLBACK, Work, WorkKey, add_work, priced_op
 
 
 def _curve_split(key: WorkKey, threads: int) -> str:
@@ -124,12 +124,12 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         merged: Work = {}  # fp16 / bf16 as the fp32 matvec of as many bytes (half the weights)
         for key, w in work.items():
             op = stand_in.get(key.op, key.op)
-            b = WEIGHT_BYTES_PER_UNIT.get(key.op, 1.0) / WEIGHT_BYTES_PER_UNIT.get(op, 1.0)
+            b = OP_WEIGHT_BYTES.get(key.op, 1.0) / OP_WEIGHT_BYTES.get(op, 1.0)
             add_work(merged, WorkKey(op, key.split, key.experts), w.calls, w.rows, w.units * b, w.tails)
         work = merged
     extra = covered = 0.0
     for key, w in work.items():
-        if key.op not in WEIGHT_BYTES_PER_UNIT or w.calls <= 0:
+        if key.op not in OP_WEIGHT_BYTES or w.calls <= 0:
             continue
         t, divisor = key.priced_at(threads)
         # a call's weights and rows, and the calls one curve group (threads at once) stands for:
@@ -148,5 +148,5 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
             if slow is None or cost is None:
                 continue
             extra += cost.unit_s * w.units * (slow - 1.0) / divisor * row
-        covered += w.units * WEIGHT_BYTES_PER_UNIT[key.op]
+        covered += w.units * OP_WEIGHT_BYTES[key.op]
     return extra, covered

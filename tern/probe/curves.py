@@ -45,7 +45,7 @@ import numpy as np
 from tern.core.engine_tuning import for_threads
 from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
-from tern.core.host_queries import ROUTER_OP
+from tern.core.host_queries import OP_WEIGHT_BYTES, ROUTER_OP
 from tern.core.records import summarize
 from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
@@ -100,9 +100,9 @@ def _weight_bytes(op: str, rows: int, cols: int) -> int:
     if op == "ternary_blocked":  # rows and columns padded to 16 (imported here: it builds numba intrinsics)
         from tern.kernels.kernels_blocked import blocked16_bytes
         return blocked16_bytes(rows, cols)
-    if op.startswith("ternary"):
+    if op.startswith("ternary"):  # whole bytes of 4 codes a row
         return rows * ((cols + 3) // 4)
-    return rows * cols * (1 if op in ("int8_matvec", ROUTER_OP) else 2 if op == "w16_matvec" else 4)
+    return int(rows * cols * OP_WEIGHT_BYTES.get(op, 4.0))  # an unknown op: _setup names the known ones
 
 
 # ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
