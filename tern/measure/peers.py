@@ -421,7 +421,7 @@ def cli_configure_peers(p: Any) -> None:
     p.add_argument("--no-read-reference", action="store_true",
                    help="skip the read-kernel timing before each engine run (bandwidth_fraction_same_run)")
     p.add_argument("--results", default="results", help="results folder (rows: <results>/bench/peers.jsonl)")
-    p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json)")
+    p.add_argument("--host", default=None, help="host profile JSON (default: <results>/host_profile.json when present; a path given here must exist)")
 
 
 def cli_run_peers(args: Any) -> dict[str, Any]:
@@ -434,6 +434,9 @@ def cli_run_peers(args: Any) -> dict[str, Any]:
     if llama is None and not args.no_llama:
         print(HOW_TO_GET_LLAMA, file=sys.stderr)
     host_path = Path(args.host) if args.host else results_dir(args.results) / "host_profile.json"
+    if args.host and not host_path.is_file():  # a profile asked for by name must be there
+        raise ValueError(f"--host {args.host}: no such host profile (run `tern probe --out {args.host}`, "
+                         "or leave --host out for <results>/host_profile.json)")
     host = HostProfile.load(host_path) if host_path.exists() else None
     if host is None:
         print(f"no host profile at {host_path} (run `tern probe`): rows carry no bandwidth fraction",

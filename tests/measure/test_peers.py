@@ -385,3 +385,21 @@ def test_rows_layout_rows_beside_the_default(tmp_path, fake_llama):
     cell = peers_table(res["rows"])[0]["by_threads"][1]
     assert cell["rows_over_tern"] == pytest.approx(2 / 3) and cell["rows_over_llama"] == pytest.approx(200 / 110)
     assert " rows " in render_peers(res).splitlines()[1]
+
+
+def test_a_host_profile_named_on_the_command_line_must_exist_and_load(tmp_path, capsys):
+    """--host names the profile the rows' bandwidth fractions and predictions come from: a path that is not
+    there, or not a profile, is a clear error before anything is measured (no traceback, nothing written)."""
+    missing = tmp_path / "nope.json"
+    rc = tern_main(["bench", "peers", "--shapes", "tiny", "--no-llama", "--results", str(tmp_path / "r"),
+                    "--host", str(missing)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no such host profile" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "bench").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"label": "not a profile"', encoding="utf-8")
+    rc = tern_main(["bench", "peers", "--shapes", "tiny", "--no-llama", "--results", str(tmp_path / "r"),
+                    "--host", str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tern bench: error" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "bench").exists()
