@@ -265,6 +265,28 @@ def test_skip_kernel_equals_dense(kernel, shape, p_zero):
     np.testing.assert_allclose(out, K.reference_matvec(wt, rs, xq, xs), rtol=1e-6)
 
 
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 8, 9, 255, 256, 2048])
+@pytest.mark.parametrize("p_zero", [0.0, 0.3, 0.75, 1.0])
+def test_skip_groups_lists_the_nonzero_inputs_in_order(n, p_zero):
+    """The branch-free compaction: every nonzero input once, in order, padded to whole groups of 4
+    with row 0 / activation 0 (the stores of zeros that land in the pads or the sink leave nothing)."""
+    rng = np.random.default_rng(n + int(10 * p_zero))
+    xq = rng.integers(-127, 128, n).astype(np.int8)
+    xq[rng.random(n) < p_zero] = 0
+    if n >= 2:
+        xq[-1] = 0  # a zero after the last nonzero: its store must not clobber the last real slot
+    idx, qq, qsum = K.skip_groups(xq)
+    nz = np.flatnonzero(xq)
+    m = 4 * ((nz.size + 3) // 4)
+    assert idx.shape == (m,) and qq.shape == (m // 4,) and qq.dtype == np.int32
+    np.testing.assert_array_equal(idx[:nz.size], nz)
+    np.testing.assert_array_equal(idx[nz.size:], 0)
+    qb = qq.view(np.int8)
+    np.testing.assert_array_equal(qb[:nz.size], xq[nz])
+    np.testing.assert_array_equal(qb[nz.size:], 0)
+    assert int(qsum) == int(xq.astype(np.int64).sum())
+
+
 @pytest.mark.parametrize("kernel", SKIP_KERNELS, ids=lambda f: f.__name__)
 def test_skip_kernel_ignores_weights_of_zero_inputs(kernel):
     wt, rs, xq, xs = _problem(300, 50, seed=5, p_zero_act=0.5)
