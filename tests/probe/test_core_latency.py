@@ -1,6 +1,8 @@
 """The threads' cache-line round trip (tern.probe.core_latency): a real measurement where two
 threads run, None (never a hang) where they cannot run at once, clear errors on bad input."""
 
+import time
+
 import numba
 import pytest
 
@@ -13,9 +15,15 @@ TWO = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 num
 @TWO
 def test_two_threads_hand_the_line_back_and_forth():
     before = numba.get_num_threads()
+    cl.measure_round_trip(runs=1, turns=10)  # compiled (or loaded) before the wall clock starts
+    t0 = time.perf_counter()
     m = cl.measure_round_trip(runs=3, turns=2_000)
+    wall = time.perf_counter() - t0
     assert m is not None
-    assert 0 < m["min_ns"] <= m["round_trip_ns"] <= m["max_ns"] < 1e6  # < 1 ms a round trip
+    assert 1 < m["min_ns"] <= m["round_trip_ns"] <= m["max_ns"]
+    # the three runs' turns fit in the call's wall time (a slip of units would not). No fixed ceiling: with the
+    # other core busy (the suite's second worker) a run's round trips wait for the scheduler, 2.3 ms each once
+    assert m["turns"] * (m["min_ns"] + m["round_trip_ns"] + m["max_ns"]) * 1e-9 <= wall
     assert (m["runs"], m["turns"]) == (3, 2_000) and m["far"] == (m["round_trip_ns"] > placement.FAR_NS)
     assert numba.get_num_threads() == before  # the caller's setting is restored
     quick = cl.round_trip_ns(runs=1, turns=500)
