@@ -267,7 +267,7 @@ def skip_groups(xq):
     for c in range(xq.shape[0]):
         nz += np.int64(xq[c] != 0)
     m = 4 * ((nz + 3) // 4)
-    idx, qb = np.zeros(m + 1, dtype=np.int64), np.zeros(m + 4, dtype=np.int8)  # slot m: a sink for trailing zeros
+    idx, qb = np.empty(m + 1, dtype=np.int64), np.empty(m + 1, dtype=np.int8)  # slot m: a sink; all set below
     qsum, i = np.int32(0), 0
     for c in range(xq.shape[0]):
         idx[i], qb[i] = c, xq[c]  # i <= nz <= m

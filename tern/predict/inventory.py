@@ -268,8 +268,6 @@ def work_inventory(cfg: ModelConfig, context: int | None = None, llc_bytes: int 
 REGION_PHASE = "region_phase"  # tern.probe.ops: a region entered (call) and its phases (units)
 
 
-
-
 def parallel_byte_share(work: Work, threads: int) -> float:
     """Fraction of the weight bytes of ``work`` that ops split over threads read (the rest
     one thread reads alone, at one thread's bandwidth); 1.0 at one thread or with no
