@@ -33,7 +33,8 @@ from tern.core.config import param_counts
 from tern.core.host_profile import HostProfile
 from tern.core.host_queries import bandwidth_gbps, with_dram_bandwidth
 from tern.core.records import append_jsonl, run_metadata
-from tern.measure.sweep import BUDGETS, SweepPoint, ensure_model, measure_in_subprocess
+from tern.measure.sweep import BUDGETS, SweepPoint, measure_in_subprocess
+from tern.measure.sweep_models import ensure_model
 from tern.predict.roofline import predict
 from tern.probe.bandwidth import SweepBuffers, measure_point
 from tern.probe.timing import TimingConfig

@@ -7,7 +7,7 @@
 
 Each config name is a point of the 10B design space (tern.predict.toward_10b.TEN_B_SPACE:
 ``d{d_model}-L{layers}-E{experts}k{top_k}-h{expert_hidden}``) or a preset
-(tern.core.config.get_preset). Its random packed model (tern.measure.sweep.ensure_model, in
+(tern.core.config.get_preset). Its random packed model (tern.measure.sweep_models.ensure_model, in
 ``--models``) is written once per value. Every round runs each (config, threads) pair's
 values one after the other, in a fresh ``tern.measure.sweep_worker`` process each (the
 sweep's own timing: warm-up 16, 5 samples of >= 0.25 s of 64-token runs), the order
@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from tern.core.config import ModelConfig, get_preset, param_counts
 from tern.core.records import append_jsonl, run_metadata, summarize
-from tern.measure.sweep import FULL_TIMING, SweepPoint, ensure_model, measure_in_subprocess
+from tern.measure.sweep import FULL_TIMING, SweepPoint, measure_in_subprocess
+from tern.measure.sweep_models import ensure_model
 from tern.predict.toward_10b import TEN_B_SPACE
 
 _SPACE_NAME = re.compile(r"d(\d+)-L(\d+)-E(\d+)k(\d+)-h(\d+)")

@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                          "rows in <results>/bench/engine_ab.jsonl")
     args = ap.parse_args(argv)
     from tern.core.host_profile import HostProfile
-    from tern.measure.sweep import BUDGETS, ensure_model
+    from tern.measure.sweep import BUDGETS
+    from tern.measure.sweep_models import ensure_model
     from tern.measure.utilisation import decode_utilisation
     from tern.probe.bandwidth import read_reference
     from tern.probe.core_latency import round_trip_ns

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from tern.core.records import append_jsonl, git_commit, run_metadata, summarize
     from tern.kernels import kernels_ternary as kt
     from tern.kernels.packing import random_ternary2
-    from tern.measure.sweep import ensure_model
+    from tern.measure.sweep_models import ensure_model
     from tern.run.engine import Engine
 
     if not Path(tern.__file__).resolve().is_relative_to(root):

@@ -100,6 +100,9 @@ def cli_configure_sweep(p: Any) -> None:
                    help="measure the points at threads > 1 with a parallel region per large matrix "
                         "(Engine(region=False)) instead of the default one region per token; each row "
                         "is predicted with the splits of the engine that measured it")
+    p.add_argument("--no-keep-models", action="store_true",
+                   help="delete each random model this sweep builds after its last point (needs disk for "
+                        "the largest model only, not all of them; the next sweep builds them again)")
     p.add_argument("--no-host-check", action="store_true",
                    help="do not time the host's read rate and kernel speed before each point "
                         "(how far the host drifted from its probe)")
@@ -126,7 +129,7 @@ def cli_run_sweep(args: Any) -> dict[str, Any]:
     records = out / "bench" / "sweep.jsonl"
     check = not args.no_host_check
     rows = run_sweep(pts, records, out / "models", host, read_now=read_reference if check else None,
-                     kernel_now=kernel_reference if check else None)
+                     kernel_now=kernel_reference if check else None, keep_models=not args.no_keep_models)
     swept = [r for r in rows if r["family"] != "preset"]
     return {"bench": "sweep", "records": str(records), "host": host.label, "calibration": cal,
             "points": rows, "accuracy": accuracy(swept), "host_drift": drift_summary(swept),

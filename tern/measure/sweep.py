@@ -29,6 +29,7 @@ from tern.core.host_caches import usable_cpus
 from tern.core.host_profile import HostProfile, op_curve_for
 from tern.core.records import append_jsonl, read_jsonl, run_metadata
 from tern.kernels.policy import LAYOUT_MODES, EnginePolicy
+from tern.measure.sweep_models import check_free_space, ensure_model, model_path, plan_models
 from tern.predict.roofline import stream_prefetch_mismatch
 from tern.probe.bandwidth import ReadNow, read_reference
 from tern.probe.core_latency import round_trip_ns
@@ -144,10 +145,6 @@ class SweepPoint:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def model_hash(cfg: ModelConfig) -> str:
-    return hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
-
-
 # A full sweep's samples: 5 per point, each >= 0.25 s of decoding (a 64-token run of the small models
 # lasts 5-30 ms: one hiccup of a shared VM decided a sample, e.g. 621 / 1,411 / 1,790 tok/s).
 FULL_TIMING = {"repeats": 5, "min_time_s": 0.25}
@@ -174,16 +171,6 @@ def default_points(quick: bool = False, threads: Iterable[int] | None = None) ->
 # ---- measuring ------------------------------------------------------------------------------
 
 Measure = Callable[[Path, SweepPoint], dict[str, Any]]
-
-
-def ensure_model(cfg: ModelConfig, models_dir: Path) -> Path:
-    """The random packed model for ``cfg`` (built once, reused by hash)."""
-    from tern.packed.writer import random_model
-
-    path = Path(models_dir) / f"{cfg.name}-{model_hash(cfg)}.tern"
-    if not path.exists():
-        random_model(cfg, path, seed=0)
-    return path
 
 
 def measure_in_subprocess(path: Path, point: SweepPoint, timeout_s: float = 1800, cwd: Path | None = None,
@@ -253,13 +240,20 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
               kernel_now: KernelNow | None = kernel_reference,
               round_trip_now: RoundTripNow | None = round_trip_ns) -> list[dict[str, Any]]:
     """Measure every point not already in ``records``; returns all points' rows in order. Before each measured
-    point :func:`host_now` times the host (``read_now``, ``kernel_now``, ``round_trip_now``; None skips each)."""
+    point :func:`host_now` times the host (``read_now``, ``kernel_now``, ``round_trip_now``; None skips each).
+    The models the points need are checked against the free disk before the first is built
+    (tern.measure.disk: OSError ENOSPC with the figures); ``keep_models=False`` deletes each
+    model this call built once its last point is measured (room for the largest one only)."""
     from tqdm.auto import tqdm
 
     records, models_dir = Path(records), Path(models_dir)
     done = {r["key"]: r for r in read_jsonl(records) if r.get("kind") == "sweep_point"}
     rows, warned = [], False
     todo = [p for p in points if p.key not in done]
+    plan = plan_models((p.config for p in todo), models_dir)
+    check_free_space(plan, keep_models)
+    built = {path for path, _ in plan.to_write}
+    last_use = {model_path(p.config, models_dir): p.key for p in todo}
     bar = tqdm(total=len(todo), desc="sweep", unit="point", file=sys.stderr, disable=not progress)
     for p in points:
         if p.key in done:  # the measurement is reused; the prediction is this host's, now
@@ -297,6 +291,8 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
         row["ratio"] = row["tok_per_s"] / row["predicted_tok_per_s"]
         append_jsonl(records, row)
         rows.append({**row, "reused": False})
+        if not keep_models and path in built and last_use[path] == p.key:
+            path.unlink(missing_ok=True)
         bar.update(1)
     bar.close()
     return rows

@@ -203,6 +203,15 @@ def _creator(function: str, **extra: Any) -> dict[str, Any]:
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
+def packed_file_bytes(cfg: ModelConfig, tokenizer: dict[str, str] | None, creator: dict[str, Any]) -> int:
+    """Bytes of the packed file of ``cfg`` written with this metadata: the length word, the
+    header and the data with its alignment pads (the crcs are fixed-width hex: their values
+    do not change the length)."""
+    tensors, packing = file_layout(cfg)
+    header, full, _ = _build_header(tensors, _metadata(cfg, packing, tokenizer, creator), {})
+    return 8 + len(header) + sum(t.nbytes for t in full)
+
+
 def default_tokenizer(cfg: ModelConfig) -> str | None:
     """The kit's default tokenizer name when its vocabulary size is the config's, else None
     (what a random model records when no tokenizer is given)."""

@@ -26,6 +26,7 @@ from tern.packed.format import (
     _creator,
     _metadata,
     file_layout,
+    packed_file_bytes,
     tokenizer_identity,
 )
 
@@ -188,6 +189,11 @@ def _random_aux(spec: TensorSpec, cfg: ModelConfig, rng: np.random.Generator) ->
         dt = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), shape))  # log-uniform 0.001..0.1
         return (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # inverse softplus
     raise ValueError(f"no random initialiser for {spec.name}")  # pragma: no cover
+
+
+def random_model_bytes(cfg: ModelConfig, seed: int = 0, tokenizer: Any = None) -> int:
+    """The size in bytes of the file :func:`random_model` writes for these arguments, without writing it."""
+    return packed_file_bytes(cfg, tokenizer_identity(tokenizer), _creator("random_model", seed=seed))
 
 
 def random_model(cfg: ModelConfig, path: str | os.PathLike, seed: int = 0,

@@ -170,14 +170,26 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 def run_report(out_dir: str | Path = "report", smoke: bool = False, only: list[str] | None = None,
                timeout_s: int = 3600, progress: bool = True,
-               nb_dir: str | Path | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+               nb_dir: str | Path | None = None, params: dict[str, Any] | None = None,
+               check_disk: bool = True) -> dict[str, Any]:
     """Run the notebooks in order into ``out_dir`` and write its index.html. ``params``
-    (e.g. {"MINUTES": 5}) go to every notebook whose parameters cell declares them."""
+    (e.g. {"MINUTES": 5}) go to every notebook whose parameters cell declares them.
+    ``check_disk``: first plan the random models the measuring notebooks will write and refuse
+    (OSError ENOSPC) when the disk cannot hold them (tern.report.disk)."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir).resolve()
     (out / "results").mkdir(parents=True, exist_ok=True)
     nbs = list_notebooks(only, Path(nb_dir) if nb_dir else None)
+    if check_disk:
+        from tern.measure.sweep_models import free_bytes, size_text
+        from tern.report.disk import check_report_disk
+
+        plan = check_report_disk(out / "results", [p.stem for p in nbs], smoke)
+        if progress and plan.to_write:
+            print(f"report: the notebooks will write {len(plan.to_write)} random models "
+                  f"({size_text(plan.total_bytes)}) into {plan.models_dir}; "
+                  f"{size_text(free_bytes(plan.models_dir))} free", file=sys.stderr)
     t0 = time.perf_counter()
     runs: list[NotebookRun] = []
     bar = tqdm(nbs, desc="report", unit="notebook", file=sys.stderr, disable=not progress)
