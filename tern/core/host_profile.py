@@ -81,7 +81,8 @@ class KernelThroughput:
 @dataclass(frozen=True)
 class OpCost:
     """Fitted seconds of one engine operation (tern.probe.ops): call + row x rows + unit x
-    units (+ tail x rows with a partial last 256-column segment, for the ternary matvecs)."""
+    units (+ tail x rows with a partial last 256-column segment, for the ternary matvecs;
+    + input x inputs listed, for the activation-skip kernel)."""
 
     op: str  # "ternary_matvec", "ssm_step", ... (tern.probe.ops.OPS)
     threads: int
@@ -91,17 +92,19 @@ class OpCost:
     samples: int  # sizes timed
     max_rel_err: float  # largest |fit / measured - 1| over the sizes
     tail_s: float = 0.0  # per tail unit (tern.probe.ops.tail_units: partial-segment rows, SSM channels, attention (position, head) pairs; 0: not fitted)
+    input_s: float = 0.0  # per input the skip kernel lists, zero or not (its skip_groups pass; 0: not fitted, probes before session 50)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threads, int) and self.threads >= 1):
             raise ValueError(f"op cost {self.op!r}: threads must be an integer >= 1, got {self.threads!r}")
-        for n in ("call_s", "row_s", "unit_s", "tail_s"):
+        for n in ("call_s", "row_s", "unit_s", "tail_s", "input_s"):
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"op cost {self.op!r}: {n} must be a finite number >= 0 s, got {v!r}")
 
-    def seconds(self, calls: float, rows: float, units: float, tails: float = 0.0) -> float:
-        return self.call_s * calls + self.row_s * rows + self.unit_s * units + self.tail_s * tails
+    def seconds(self, calls: float, rows: float, units: float, tails: float = 0.0, inputs: float = 0.0) -> float:
+        return (self.call_s * calls + self.row_s * rows + self.unit_s * units + self.tail_s * tails
+                + self.input_s * inputs)
 
 
 @dataclass(frozen=True)

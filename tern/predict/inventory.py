@@ -104,12 +104,14 @@ class WorkKey:
 
 class OpWork(NamedTuple):
     """How much of one operation a token runs: the terms of its fitted cost
-    (:class:`~tern.core.host_profile.OpCost`: call + row x rows + unit x units + tail x tails)."""
+    (:class:`~tern.core.host_profile.OpCost`: call + row x rows + unit x units + tail x tails
+    + input x inputs)."""
 
     calls: float = 0.0
     rows: float = 0.0
     units: float = 0.0  # weights for matvecs, elements for vector work
     tails: float = 0.0  # rows whose last ternary segment is partial (columns not a multiple of 256)
+    inputs: float = 0.0  # inputs the skip kernel lists (every hidden unit, zero or not)
 
 
 Work = dict[WorkKey, OpWork]  # one pool's work per token
@@ -124,10 +126,11 @@ class WorkInventory(NamedTuple):
     streamed_skipped_bytes: float
 
 
-def add_work(work: Work, key: WorkKey | str, calls: float, rows: float, units: float, tails: float = 0.0) -> None:
+def add_work(work: Work, key: WorkKey | str, calls: float, rows: float, units: float, tails: float = 0.0,
+             inputs: float = 0.0) -> None:
     key = WorkKey(key) if isinstance(key, str) else key
     w = work.get(key, OpWork())
-    work[key] = OpWork(w.calls + calls, w.rows + rows, w.units + units, w.tails + tails)
+    work[key] = OpWork(w.calls + calls, w.rows + rows, w.units + units, w.tails + tails, w.inputs + inputs)
 
 
 # ops priced with another op's cost when a profile predates them (same kernel family; the int8
@@ -201,7 +204,7 @@ def _gated_mlp(work: Work, cfg: ModelConfig, fmt: str, hidden: int, n: float, st
         segments = -(-D // SEGMENT_COLS)  # the one-region step splits it over output segments (SIMD form)
         split = 0 if policy.region and not (policy.region_skip_split and segments > 1) else hidden * D
         add_work(work, _key("ternary_skip", split, ep, policy, segments), n, n * D, n * rho * hidden * D,
-             tails)  # rows: the D outputs
+             tails, n * hidden)  # rows: the D outputs; inputs: every hidden unit is listed
         return (1.0 - rho) * n * hidden * D * f.bits_per_weight / 8
     _matvec(work, fmt, D, hidden, n, stream_rb, ep, policy)
     return 0.0
@@ -289,7 +292,7 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
     HostProfile with op_costs) at ``threads``; None when the profile lacks a cost for any
     op in it."""
     out: dict[str, float] = {}
-    for key, (calls, rows, units, tails) in work.items():
+    for key, (calls, rows, units, tails, inputs) in work.items():
         op = key.op
         if op == REGION_PHASE and threads <= 1:  # one thread runs the plain step: no region
             continue
@@ -299,9 +302,9 @@ def work_breakdown(work: Work, host: Any, threads: int = 1) -> dict[str, float] 
             cost = op_cost_for(host.op_costs, COST_FALLBACK[op], t)
         if cost is None:
             return None
-        if key.split == "items" and threads > 1:  # each item pays the call: once per matrix in parallel
-            calls = calls * divisor
-        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units, tails) / divisor
+        if key.split == "items" and threads > 1:  # each item pays the call (and the skip kernel's listing of
+            calls, inputs = calls * divisor, inputs * divisor  # every input: tern.kernels.region_items.skip_phase)
+        out[op] = out.get(op, 0.0) + cost.seconds(calls, rows, units, tails, inputs) / divisor
     return out
 
 

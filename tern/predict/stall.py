@@ -125,7 +125,7 @@ def curve_stall(work: Work, host: Any, threads: int, ws: float) -> tuple[float, 
         for key, w in work.items():
             op = stand_in.get(key.op, key.op)
             b = OP_WEIGHT_BYTES.get(key.op, 1.0) / OP_WEIGHT_BYTES.get(op, 1.0)
-            add_work(merged, WorkKey(op, key.split, key.experts), w.calls, w.rows, w.units * b, w.tails)
+            add_work(merged, WorkKey(op, key.split, key.experts), w.calls, w.rows, w.units * b, w.tails, w.inputs)
         work = merged
     extra = covered = 0.0
     for key, w in work.items():

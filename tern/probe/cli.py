@@ -101,7 +101,8 @@ def cli_render(result: dict[str, Any]) -> str:
     if prof.op_costs:
         from tern.probe.ops import render_costs
 
-        parts.append("engine op costs (seconds = call + row x rows + unit x units + tail x partial rows)\n"
+        parts.append("engine op costs (seconds = call + row x rows + unit x units + tail x partial rows"
+                     " + input x inputs the skip kernel lists)\n"
                      + render_costs(prof.op_costs))
     if prof.op_curves:
         from tern.probe.curves import render_curves

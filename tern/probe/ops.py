@@ -14,9 +14,11 @@ ternary_stream     kernels_ternary.ternary_matvec_stream(_par) (one row    call 
                    per pass: long rows of DRAM-resident pools)
 ternary_blocked    kernels_blocked.blocked16_matvec(_next/_par): the      call + row x rows + unit x weights
                    blocked16 layout (Engine(layout="auto") on AVX-512)
-ternary_skip       kernels_ternary.ternary_matvec_skip(_par), all inputs call + row x outputs + unit x weights
-                   nonzero (skipped inputs cost nothing; the per-output
-                   cost is the accumulator set-up and scaling)
+ternary_skip       kernels_ternary.ternary_matvec_skip(_par), every     call + row x outputs + unit x nonzero
+                   shape with all inputs and a quarter of them nonzero  inputs' weights + input x inputs
+                   (skipped inputs' rows are not read, but every input
+                   is listed: its skip_groups pass; the per-output cost
+                   is the accumulator set-up and scaling)
 int8_matvec        ops.matvec_int8w(_par) (int8 embedding / head)         call + row x rows + unit x weights
 fp32_matvec        kernels_dense.matvec_fp32_nb(_parallel_nb) (fp32 head) call + row x rows + unit x weights
 w16_matvec         kernels_stored.matvec_w16(_par): fp16 / bf16 heads,    call + row x rows + unit x weights
@@ -49,6 +51,7 @@ timed at sizes above that). The roofline (tern.predict.roofline) adds these cost
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -106,6 +109,14 @@ _SSM_QUICK = (0, 4, 5)
 _ATTN_SHAPES = ((256, 4, 32), (256, 4, 128), (512, 8, 128), (512, 8, 64), (1024, 16, 64), (384, 6, 128),
                 (768, 12, 64), (384, 12, 128))  # (D, heads, n)
 _VECTOR_SIZES = (128, 512, 2048, 8192)
+# the skip kernel's shapes carry the percentage of nonzero inputs: at two densities the fit tells the
+# listing of every input (input_s) from the rows of the nonzero ones (unit_s); 25: a dReLU's at random init
+_SKIP_PCTS = (100, 25)
+
+
+def skip_nonzero(inputs: int, pct: int) -> int:
+    """Nonzero inputs of a skip-kernel shape timed at ``pct`` percent (at least one)."""
+    return max(1, round(inputs * pct / 100))
 
 
 # ---- one op at one size ---------------------------------------------------------------------
@@ -117,6 +128,7 @@ class OpSample:
     units: float  # the per-unit count (weights, d_inner x d_state, n x d_model, length)
     seconds: float  # median seconds per call
     tails: int = 0  # rows whose last 256-column segment is partial (ternary matvecs)
+    inputs: int = 0  # inputs the skip kernel lists, zero or not (0: other ops)
 
 
 def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generator, stream_prefetch: bool = True):
@@ -140,11 +152,13 @@ def _setup(op: str, shape: tuple[int, ...], threads: int, rng: np.random.Generat
         S, xq, out = np.ones(r, f32), rng.integers(-127, 128, c).astype(np.int8), np.zeros(r, f32)
         return (lambda n: d["blocked"](P, S, xq, out, n, par)), r, float(r * c)
     if op == "ternary_skip":
-        h, dd = shape  # H inputs (rows of the transposed matrix), D outputs
+        h, dd, pct = shape  # H inputs (rows of the transposed matrix), D outputs, percent nonzero
         Pt = random_ternary2(h, dd, seed=int(rng.integers(1 << 30)))
-        hq = rng.integers(1, 128, h).astype(np.int8)  # every input nonzero: nothing skipped
+        nz = skip_nonzero(h, pct)
+        hq = np.zeros(h, np.int8)  # nz inputs nonzero at random places, the rest skipped
+        hq[rng.choice(h, nz, replace=False)] = rng.integers(1, 128, nz).astype(np.int8)
         S, out = np.ones(dd, f32), np.zeros(dd, f32)
-        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False, False)), dd, float(h * dd)
+        return (lambda n: d["ternary"](Pt, S, hq, out, n, par, True, False, False)), dd, float(nz * dd)
     if op == "int8_matvec":
         r, c = shape
         W = rng.integers(-127, 128, (r, c)).astype(np.int8)
@@ -199,9 +213,9 @@ def op_shapes(op: str, threads: int = 1, quick: bool = False) -> tuple[tuple[int
         fam = {"ternary_matvec": "ternary", "ternary_stream": "ternary", "ternary_skip": "ternary",
                "ternary_blocked": "ternary", "int8_matvec": "int8",
                "fp32_matvec": "fp32", "w16_matvec": "w16"}[op]
-        if threads > 1:
-            return _PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]
-        return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]
+        base = (_PAR_SHAPES[fam][:3] if quick else _PAR_SHAPES[fam]) if threads > 1 else \
+            (_QUICK_SHAPES if quick else _MATVEC_SHAPES)[fam]
+        return tuple((*sh, pct) for sh in base for pct in _SKIP_PCTS) if op == "ternary_skip" else base
     if op == ROUTER_OP:  # one thread: its items run the single-thread kernel
         return (_QUICK_SHAPES if quick else _MATVEC_SHAPES)["router"] if threads == 1 else ()
     if op == "ssm_step":
@@ -225,7 +239,8 @@ def time_op(op: str, shape: tuple[int, ...], threads: int = 1, timing: TimingCon
         run, rows, units = _setup(op, shape, threads, rng, stream_prefetch)
         t = timed_runs(run, timing, fixed_cost_check=threads > 1)
     per_call = summarize([s / c for c, s in zip(t.counts, t.seconds, strict=True)])
-    return OpSample(op, threads, rows, units, per_call["median"], tail_units(op, shape))
+    return OpSample(op, threads, rows, units, per_call["median"], tail_units(op, shape),
+                    shape[0] if op == "ternary_skip" else 0)
 
 
 def tail_units(op: str, shape: tuple[int, ...]) -> int:
@@ -235,8 +250,8 @@ def tail_units(op: str, shape: tuple[int, ...]) -> int:
     per channel: gating, D skip); attention, its (position, head) pairs (scores, softmax)."""
     if op in ("ternary_matvec", "ternary_stream"):
         return shape[0] if shape[1] % 256 else 0
-    if op == "ternary_skip":
-        return shape[0] if shape[1] % 256 else 0
+    if op == "ternary_skip":  # (inputs, outputs, percent nonzero): the nonzero inputs
+        return skip_nonzero(shape[0], shape[2]) if shape[1] % 256 else 0
     if op == "ssm_step":
         return shape[0]
     if op == "attention":
@@ -273,17 +288,18 @@ def fit_cost(samples: list[OpSample]) -> OpCost:
         raise ValueError("fit_cost needs samples of one op and thread count")
     has_rows = any(s.rows for s in samples)
     has_tails = any(s.tails for s in samples)
-    cols = [[1.0, float(s.rows) if has_rows else 0.0, s.units, float(s.tails)] for s in samples]
-    keep = [0] + ([1] if has_rows else []) + [2] + ([3] if has_tails else [])
+    has_inputs = any(s.inputs for s in samples)
+    cols = [[1.0, float(s.rows), s.units, float(s.tails), float(s.inputs)] for s in samples]
+    keep = [0] + ([1] if has_rows else []) + [2] + ([3] if has_tails else []) + ([4] if has_inputs else [])
     A = np.array(cols)[:, keep] / np.array([[s.seconds] for s in samples])
-    x = np.zeros(4)
+    x = np.zeros(5)
     x[keep] = nnls(A, np.ones(len(samples)))
-    call, row, unit, tail = (float(v) for v in x)
-    pred = np.array([call + row * s.rows + unit * s.units + tail * s.tails for s in samples])
+    call, row, unit, tail, inp = (float(v) for v in x)
+    cost = OpCost(op=op, threads=threads, call_s=call, row_s=row, unit_s=unit, samples=len(samples),
+                  max_rel_err=0.0, tail_s=tail, input_s=inp)
+    pred = np.array([cost.seconds(1, s.rows, s.units, s.tails, s.inputs) for s in samples])
     meas = np.array([s.seconds for s in samples])
-    err = float(np.max(np.abs(pred / meas - 1)))
-    return OpCost(op=op, threads=threads, call_s=call, row_s=row, unit_s=unit,
-                  samples=len(samples), max_rel_err=err, tail_s=tail)
+    return dataclasses.replace(cost, max_rel_err=float(np.max(np.abs(pred / meas - 1))))
 
 
 def slow_samples(samples: list[OpSample]) -> list[int]:
@@ -292,7 +308,8 @@ def slow_samples(samples: list[OpSample]) -> list[int]:
     if len(samples) < 3:
         return []
     c = fit_cost(samples)
-    return [i for i, s in enumerate(samples) if s.seconds > RETIME_FACTOR * c.seconds(1, s.rows, s.units, s.tails)]
+    return [i for i, s in enumerate(samples)
+            if s.seconds > RETIME_FACTOR * c.seconds(1, s.rows, s.units, s.tails, s.inputs)]
 
 
 def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progress: bool = True,
@@ -324,8 +341,9 @@ def measure_op_costs(threads: tuple[int, ...] = (1,), quick: bool = False, progr
 
 
 def render_costs(costs: list[OpCost]) -> str:
-    lines = [f"{'op':<15} {'thr':>3} {'call us':>8} {'row ns':>8} {'unit ps':>8} {'tail ns':>8} {'fit err':>8}"]
+    lines = [f"{'op':<15} {'thr':>3} {'call us':>8} {'row ns':>8} {'unit ps':>8} {'tail ns':>8} {'input ns':>8} "
+             f"{'fit err':>8}"]
     for c in costs:
-        lines.append(f"{c.op:<15} {c.threads:>3} {c.call_s * 1e6:>8.3f} {c.row_s * 1e9:>8.3f} "
-                     f"{c.unit_s * 1e12:>8.2f} {c.tail_s * 1e9:>8.3f} {100 * c.max_rel_err:>7.1f}%")
+        lines.append(f"{c.op:<15} {c.threads:>3} {c.call_s * 1e6:>8.3f} {c.row_s * 1e9:>8.3f} {c.unit_s * 1e12:>8.2f} "
+                     f"{c.tail_s * 1e9:>8.3f} {c.input_s * 1e9:>8.3f} {100 * c.max_rel_err:>7.1f}%")
     return "\n".join(lines)

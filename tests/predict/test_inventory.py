@@ -43,6 +43,10 @@ def test_activation_skip_reduces_down_projection():
     rho = HIDDEN_DENSITY["drelu"]
     down = cfg.top_k * cfg.expert_hidden * cfg.d_model * sum(map(cfg.is_moe, range(cfg.n_layers)))
     assert _units(st, "ternary_skip") == pytest.approx(rho * down)
+    # but every hidden unit is listed, zero or not (the skip kernel's skip_groups pass)
+    listed = sum(w.inputs for k, w in st.items() if k.op == "ternary_skip")
+    assert listed == cfg.top_k * cfg.expert_hidden * sum(map(cfg.is_moe, range(cfg.n_layers)))
+    assert all(w.inputs == 0 for k, w in (*res.items(), *st.items()) if k.op != "ternary_skip")
     assert skip_s == pytest.approx((1 - rho) * down * 2 / 8)  # 2-bit weights left unread
     pools = two_pool(cfg)
     assert pools.streamed_skipped_bytes == pytest.approx(skip_s)

@@ -17,6 +17,7 @@ from tern.kernels.policy import (
 )
 from tern.predict.inventory import (
     REGION_PHASE,
+    OpWork,
     WorkKey,
     region_phases,
     work_breakdown,
@@ -103,6 +104,18 @@ def test_items_keys_price_and_print():
     one, two = work_seconds(w, host, 1), work_seconds(w, host, 2)
     calls = next(iter(w.values())).calls
     assert two == pytest.approx((one - calls * 1e-7) / 2 + calls * 1e-7)
+
+
+def test_split_skip_items_each_list_every_input():
+    """The one-region step splits a skip down projection over output segments, and each item
+    lists all its inputs (tern.kernels.region_items.skip_phase): the listing does not halve."""
+    listing = 5e-10
+    costs = tuple(dataclasses.replace(c, input_s=listing) if c.op == "ternary_skip" else c for c in _host().op_costs)
+    host = dataclasses.replace(_host(), op_costs=costs)
+    w = {WorkKey("ternary_skip", "items", 4): OpWork(1.0, 1024.0, 256.0 * 1024, 0.0, 1024.0)}
+    plain = {WorkKey("ternary_skip", "items", 4): OpWork(1.0, 1024.0, 256.0 * 1024, 0.0, 0.0)}
+    assert work_seconds(w, host, 1) - work_seconds(plain, host, 1) == pytest.approx(1024 * listing)
+    assert work_seconds(w, host, 2) - work_seconds(plain, host, 2) == pytest.approx(1024 * listing)
 
 
 def test_region_phases_are_priced_at_two_threads_only():

@@ -39,6 +39,31 @@ def test_fit_recovers_the_partial_segment_cost():
     assert po.time_op("ternary_matvec", (8, 512), timing=FAST).tails == 0
 
 
+def test_fit_tells_the_skip_kernels_listing_from_its_rows():
+    """The skip kernel timed with all and a quarter of its inputs nonzero: the fit separates the
+    listing of every input (input_s) from the rows of the nonzero ones (unit_s)."""
+    call, row, unit, tail, inp = 2e-7, 1e-10, 1.2e-11, 2e-9, 6.5e-10
+    samples = []
+    for h, d in ((32, 256), (256, 256), (1024, 256), (64, 1024), (512, 1024), (1024, 2048), (512, 384)):
+        for pct in (100, 25):
+            nz = po.skip_nonzero(h, pct)
+            tails = po.tail_units("ternary_skip", (h, d, pct))
+            assert tails == (nz if d % 256 else 0)
+            samples.append(po.OpSample("ternary_skip", 1, d, nz * d, call + row * d + unit * nz * d + tail * tails
+                                       + inp * h, tails, h))
+    c = po.fit_cost(samples)
+    assert c.input_s == pytest.approx(inp, rel=1e-6) and c.unit_s == pytest.approx(unit, rel=1e-6)
+    assert c.call_s == pytest.approx(call, rel=1e-6) and c.max_rel_err < 1e-9
+    # every shape is timed at both densities; time_op lists every input and counts the nonzeros' weights
+    shapes = po.op_shapes("ternary_skip", 1)
+    assert {sh[2] for sh in shapes} == {100, 25} and len(shapes) == 2 * len(po.op_shapes("ternary_matvec", 1))
+    s = po.time_op("ternary_skip", (512, 384, 25), timing=FAST)
+    assert (s.inputs, s.rows, s.units, s.tails) == (512, 384, 128 * 384, 128)
+    # a profile written before the listing was fitted reads with input_s 0 and prices as before
+    old = {k: v for k, v in dataclasses.asdict(c).items() if k != "input_s"}
+    assert OpCost(**old).input_s == 0.0 and OpCost(**old).seconds(1, 256, 1e5, 0, 2048) == OpCost(**old).seconds(1, 256, 1e5)
+
+
 def test_fit_without_rows_and_non_negative():
     c = po.fit_cost(_samples("vector", 5e-8, 0.0, 2e-9, [(0, 128), (0, 512), (0, 2048)]))
     assert c.row_s == 0.0 and c.unit_s == pytest.approx(2e-9) and c.call_s == pytest.approx(5e-8)
