@@ -242,7 +242,7 @@ def run_sweep(points: list[SweepPoint], records: str | Path, models_dir: str | P
     """Measure every point not already in ``records``; returns all points' rows in order. Before each measured
     point :func:`host_now` times the host (``read_now``, ``kernel_now``, ``round_trip_now``; None skips each).
     The models the points need are checked against the free disk before the first is built
-    (tern.measure.disk: OSError ENOSPC with the figures); ``keep_models=False`` deletes each
+    (tern.measure.sweep_models: OSError ENOSPC with the figures); ``keep_models=False`` deletes each
     model this call built once its last point is measured (room for the largest one only)."""
     from tqdm.auto import tqdm
 

@@ -1,8 +1,8 @@
 """The random packed models a decode measurement runs: named by their config's hash, built
 once (:func:`ensure_model`), and the disk they take checked before the first one is built.
 
-A full sweep writes ~9 GB of random packed models (its largest two ~2.2 GB each) and notebook
-08 one more of ~2.7 GB; a Kaggle working folder holds 20 GB. Each model is written only when
+A full sweep writes ~10 GB of random packed models (its largest two ~2.2 GB each) and notebook
+08 one more of ~2.5 GB; a Kaggle working folder holds 20 GB. Each model is written only when
 its first point is measured, so without a check a small disk fills part-way through a
 sweep, minutes in. :func:`plan_models` lists the models a set of points would write (those
 not on disk yet) with their exact file sizes (tern.packed.writer.random_model_bytes), and

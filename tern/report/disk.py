@@ -1,7 +1,7 @@
 """The disk a report's notebooks fill, checked before the first notebook runs.
 
 Notebook 06 decodes the sweep's random models and the 105m / 206m pair (tern.measure.sweep);
-notebook 08 builds the ~10B-total model its design search picks. In full mode that is ~12 GB,
+notebook 08 builds the ~10B-total model its design search picks. In full mode that is ~13 GB,
 written 10-20 minutes into the report; a disk that cannot hold it should stop the report
 before it starts, not part-way through. The sweep's models are exact (the same points, the
 same files: tern.measure.sweep_models). Notebook 08's pick is made on this host's profile,
