@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tern.core.config import ModelConfig
+from tern.packed.writer import random_model, random_model_bytes, size_text
 
 HEADROOM_BYTES = 256 * 2**20  # left free beyond the models (the rows, a temp file, the system)
 
@@ -59,8 +60,6 @@ class ModelsPlan:
 
 def ensure_model(cfg: ModelConfig, models_dir: str | Path) -> Path:
     """The random packed model for ``cfg`` (built once, reused by hash)."""
-    from tern.packed.writer import random_model
-
     path = model_path(cfg, models_dir)
     if not path.exists():
         random_model(cfg, path, seed=0)
@@ -69,8 +68,6 @@ def ensure_model(cfg: ModelConfig, models_dir: str | Path) -> Path:
 
 def plan_models(configs: Iterable[ModelConfig], models_dir: str | Path) -> ModelsPlan:
     """The models of ``configs`` (duplicates once) that are not in ``models_dir`` yet."""
-    from tern.packed.writer import random_model_bytes
-
     seen: set[Path] = set()
     out: list[tuple[Path, int]] = []
     for cfg in configs:
@@ -88,10 +85,6 @@ def free_bytes(folder: str | Path) -> int:
     while not p.exists() and p != p.parent:
         p = p.parent
     return shutil.disk_usage(p).free
-
-
-def size_text(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def check_free_space(plan: ModelsPlan, keep_models: bool = True, what: str = "the sweep",

@@ -209,6 +209,11 @@ def packed_file_bytes(cfg: ModelConfig, tokenizer: dict[str, str] | None, creato
     do not change the length)."""
     tensors, packing = file_layout(cfg)
     header, full, _ = _build_header(tensors, _metadata(cfg, packing, tokenizer, creator), {})
+    return file_bytes(header, full)
+
+
+def file_bytes(header: bytes, full: list[StoredTensor]) -> int:
+    """Bytes of a packed file: its 8-byte header length, the header and the data (``full``: with the pads)."""
     return 8 + len(header) + sum(t.nbytes for t in full)
 
 

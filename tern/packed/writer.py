@@ -25,13 +25,15 @@ from tern.packed.format import (
     _build_header,
     _creator,
     _metadata,
+    file_bytes,
     file_layout,
     packed_file_bytes,
     tokenizer_identity,
 )
 
 
-def _size(n: int) -> str:
+def size_text(n: float) -> str:
+    """Bytes as a short decimal size: 2.52 GB, 309.2 MB (files, disk space)."""
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
@@ -48,11 +50,11 @@ class _PackedWriter:
         header, self.full, self.offs = _build_header(self.tensors, self.meta, self.crcs)
         self.header_len = len(header)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        need = 8 + self.header_len + sum(t.nbytes for t in self.full)
+        need = file_bytes(header, self.full)
         free = shutil.disk_usage(self.path.parent).free
         if need > free:  # say so now, not after minutes of writing a file that cannot fit
-            raise OSError(errno.ENOSPC, f"{self.path.name} needs {_size(need)} and {self.path.parent} has "
-                                        f"{_size(free)} free: free some space or write it elsewhere")
+            raise OSError(errno.ENOSPC, f"{self.path.name} needs {size_text(need)} and {self.path.parent} has "
+                                        f"{size_text(free)} free: free some space or write it elsewhere")
         fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self.f = os.fdopen(fd, "wb")
         self.f.write(struct.pack("<Q", self.header_len) + header)

@@ -182,7 +182,8 @@ def run_report(out_dir: str | Path = "report", smoke: bool = False, only: list[s
     (out / "results").mkdir(parents=True, exist_ok=True)
     nbs = list_notebooks(only, Path(nb_dir) if nb_dir else None)
     if check_disk:
-        from tern.measure.sweep_models import free_bytes, size_text
+        from tern.measure.sweep_models import free_bytes
+        from tern.packed.writer import size_text
         from tern.report.disk import check_report_disk
 
         plan = check_report_disk(out / "results", [p.stem for p in nbs], smoke)
