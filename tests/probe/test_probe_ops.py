@@ -188,8 +188,17 @@ def test_profile_round_trip_with_op_costs(tmp_path):
     assert back.op_costs[0].seconds(1, 10, 100) == pytest.approx(1e-7 + 2e-8 + 3e-8)
 
 
+def test_profile_round_trip_keeps_the_skip_listing_cost(tmp_path):
+    prof = dataclasses.replace(HostProfile("t", True, {}, (), "default", ()),
+                               op_costs=(OpCost("ternary_skip", 1, 2e-7, 0.0, 1e-11, 22, 0.1, 1e-9, 5e-10),))
+    prof.save(tmp_path / "p.json")
+    back = HostProfile.load(tmp_path / "p.json").op_costs[0]
+    assert back.input_s == 5e-10 and back.seconds(1, 256, 1e4, 0, 2048) == pytest.approx(2e-7 + 1e-7 + 2048 * 5e-10)
+
+
 @pytest.mark.parametrize("field, value", [("unit_s", float("nan")), ("call_s", -1e-9), ("threads", 0),
-                                          ("tail_s", -1e-9), ("tail_s", float("inf"))])
+                                          ("tail_s", -1e-9), ("tail_s", float("inf")), ("input_s", -1e-9),
+                                          ("input_s", "5e-10")])
 def test_bad_op_cost_in_a_profile_is_a_clear_error(tmp_path, field, value):
     prof = dataclasses.replace(HostProfile("t", True, {}, (), "default", ()),
                                op_costs=(OpCost("ssm_scan", 1, 1e-7, 2e-9, 3e-10, 5, 0.1),))
