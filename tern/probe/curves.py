@@ -30,6 +30,17 @@ each call's time at the op's own matrix size, so a per-call stall (a cold prefet
 is measured, not folded into a per-weight rate (tern.predict.stall.curve_stall). The 4-row pass has a
 third, row-heavy shape (:data:`ROWY_CURVE_SHAPES`: the same weights over twice the rows), so a per-row term
 is measured at every working set too. The weights are mapped from a file, as the engine maps (:class:`CurveBuffer`).
+
+The probe samples its curves in rounds (:func:`measure_op_curves`): every point of every curve
+is calibrated first, then each round takes one sample of every point, and a point keeps the
+median over the rounds. Until session 51 each curve was timed back to back, one after the
+other; on the AMD EPYC Zen 4 VM, where the two vCPUs' placement and the cores' speed move
+within a minute, two curve stages 50 s apart then priced the same 2-thread sweep points up to
+1.8x apart (one 2-thread skip curve 2.4x slower at every working set in one stage than in the
+next). Four stages each way, alternating (benchmarks/curve_repeatability.py, committed host
+amd-epyc-zen4-s50b re-predicted): the median point's spread over the stages 20.6 -> 11.4 % at
+2 threads, the 90th percentile 62 -> 17 %, 1 thread 7.1 -> 6.7 % (90th 14.6 -> 11.0 %), for
+52 s a stage against 45.
 """
 
 from __future__ import annotations
@@ -39,7 +50,6 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-import numba
 import numpy as np
 
 from tern.core.engine_tuning import for_threads
@@ -47,11 +57,18 @@ from tern.core.host_caches import KIB, MIB
 from tern.core.host_profile import OpCurve
 from tern.core.host_queries import OP_WEIGHT_BYTES, ROUTER_OP
 from tern.core.records import summarize
-from tern.kernels.cache_guard import drop_stale_cache
 from tern.probe.bandwidth import numba_threads
 from tern.probe.curve_buffer import CurveBuffer
-from tern.probe.op_drivers import engine_kernel_deps
-from tern.probe.timing import RETIME_FACTOR, TimingConfig, retime_slow, timed_runs
+from tern.probe.curve_drivers import SKIP_DENSITY, setup_cycle
+from tern.probe.timing import (
+    RETIME_FACTOR,
+    Calibrated,
+    Timing,
+    TimingConfig,
+    calibrate,
+    retime_slow,
+    timed_runs,
+)
 
 # op -> (rows, cols) of each matrix in the cycle (ternary_skip: inputs x outputs, transposed)
 CURVE_SHAPES = {
@@ -90,9 +107,9 @@ SMALL_CURVE_SHAPES = {
 # of them (e.g. 4096 x 512 expert gate/up projections) price how much of their per-row work
 # overlaps the memory stream on this host instead of adding it (tern.predict.inventory)
 ROWY_CURVE_SHAPES = {"ternary_matvec": (2048, 512)}
-SKIP_DENSITY = 0.25  # fraction of nonzero inputs of the skip kernel's curve
 WORKING_SETS = tuple(int(256 * KIB * 2 ** i) for i in range(0, 10)) + (512 * MIB,)  # 256 KiB .. 128 MiB, 512 MiB
 QUICK_WORKING_SETS = (256 * KIB, 2 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+CURVE_TIMING = TimingConfig(min_time_s=0.03, repeats=3, warmup_s=0.01)  # each sample >= 30 ms; 3 samples a point
 
 
 def _weight_bytes(op: str, rows: int, cols: int) -> int:
@@ -102,167 +119,7 @@ def _weight_bytes(op: str, rows: int, cols: int) -> int:
         return blocked16_bytes(rows, cols)
     if op.startswith("ternary"):  # whole bytes of 4 codes a row
         return rows * ((cols + 3) // 4)
-    return int(rows * cols * OP_WEIGHT_BYTES.get(op, 4.0))  # an unknown op: _setup names the known ones
-
-
-# ---- numba drivers: the cycle over the matrices runs inside numba ---------------------------
-def _drivers() -> dict[str, Callable]:
-    from tern.kernels import kernels_blocked as kb
-    from tern.kernels import kernels_dense as kd
-    from tern.kernels import kernels_stored as ks
-    from tern.kernels import kernels_ternary as kt
-    from tern.kernels import ops
-
-    @numba.njit(cache=True)
-    def blocked(P, order, S, xq, out, passes, par):
-        """P (k, blocks, bytes per block): every matrix once per pass in ``order``, chained as the engine's step."""
-        xs = np.float32(0.01)
-        n = order.shape[0]
-        for _ in range(passes):
-            for i in range(n):
-                if par:
-                    kb.blocked16_matvec_par(P[order[i]], S, xq, xs, out)
-                else:
-                    kb.blocked16_matvec_next(P[order[i]], S, xq, xs, out, True, P[order[(i + 1) % n]])
-
-    @numba.njit(cache=True, parallel=True)
-    def blocked_experts(P, order, S, xq, outs, passes):
-        """Groups of ``outs.shape[0]`` blocked16 matrices at once, one per thread slot (nothing chained)."""
-        xs = np.float32(0.01)
-        slots = outs.shape[0]
-        for _ in range(passes):
-            for base in range(0, P.shape[0] - slots + 1, slots):
-                for c in numba.prange(slots):
-                    kb.blocked16_matvec_next(P[order[base + c]], S, xq, xs, outs[c], True, kt.NO_NEXT)
-
-    @numba.njit(cache=True)
-    def ternary(P, order, S, xq, out, passes, par, skip, stream, prefetch):
-        """P (k, rows, row_bytes): every matrix once per pass, in ``order`` (``prefetch``: the
-        streaming kernel's software prefetch)."""
-        xs = np.float32(0.01)
-        for _ in range(passes):
-            for m in order:
-                if skip and par:
-                    kt.ternary_matvec_skip_par(P[m], S, xq, xs, out)
-                elif skip:
-                    kt.ternary_matvec_skip(P[m], S, xq, xs, out)
-                elif stream and par:
-                    kt.ternary_matvec_stream_par(P[m], S, xq, xs, out, prefetch)
-                elif stream:
-                    kt.ternary_matvec_stream(P[m], S, xq, xs, out, prefetch)
-                elif par:
-                    kt.ternary_matvec_par(P[m], S, xq, xs, out)
-                else:
-                    kt.ternary_matvec(P[m], S, xq, xs, out)
-
-    @numba.njit(cache=True, parallel=True)
-    def ternary_experts(P, order, S, xq, outs, passes, skip, stream, prefetch):
-        """Groups of ``outs.shape[0]`` matrices at once, one per thread slot, each with the
-        single-thread kernel (the engine's expert-parallel routed experts)."""
-        xs = np.float32(0.01)
-        slots = outs.shape[0]
-        for _ in range(passes):
-            for base in range(0, P.shape[0] - slots + 1, slots):
-                for c in numba.prange(slots):
-                    m = order[base + c]
-                    if skip:
-                        kt.ternary_matvec_skip(P[m], S, xq, xs, outs[c])
-                    elif stream:
-                        kt.ternary_matvec_stream(P[m], S, xq, xs, outs[c], prefetch)
-                    else:
-                        kt.ternary_matvec(P[m], S, xq, xs, outs[c])
-
-    @numba.njit(cache=True)
-    def int8(W, order, S, x, out, passes, par):
-        for _ in range(passes):
-            for m in order:
-                if par:
-                    ops.matvec_int8w_par(W[m], S, x, out)
-                else:
-                    ops.matvec_int8w(W[m], S, x, out)
-
-    @numba.njit(cache=True)
-    def router(W, order, S, x, out, passes):
-        for _ in range(passes):
-            for m in order:
-                ks._router_int8(W[m], S, x, out)
-
-    @numba.njit(cache=True)
-    def fp32(W, order, x, out, passes, par):
-        for _ in range(passes):
-            for m in order:
-                if par:
-                    kd.matvec_fp32_parallel_nb(W[m], x, out)
-                else:
-                    kd.matvec_fp32_nb(W[m], x, out)
-
-    @numba.njit(cache=True)
-    def w16(W, order, x, out, passes, par):
-        for _ in range(passes):
-            for m in order:
-                if par:
-                    ks.matvec_w16_par(W[m], x, out, False)
-                else:
-                    ks.matvec_w16(W[m], x, out, False)
-
-    drop_stale_cache(__file__, engine_kernel_deps(), ternary)
-    return {"ternary": ternary, "ternary_experts": ternary_experts, "blocked": blocked,
-            "blocked_experts": blocked_experts, "int8": int8, "router": router, "fp32": fp32, "w16": w16}
-
-
-@lru_cache(maxsize=1)
-def drivers() -> dict[str, Callable]:
-    return _drivers()
-
-
-def _setup(op: str, split: str, threads: int, shape: tuple[int, int], n_mats: int, buf: CurveBuffer,
-           rng: np.random.Generator, stream_prefetch: bool = True) -> Callable[[int], None]:
-    d = drivers()
-    f32 = np.float32
-    r, c = shape
-    par = split == "rows"
-    order = rng.permutation(n_mats).astype(np.int64)  # routed experts come in no useful order
-    if op == "ternary_blocked":
-        from tern.kernels.kernels_blocked import blocked16_shape
-        P = buf.view(np.uint8, (n_mats, *blocked16_shape(r, c)))
-        xq, S = rng.integers(-127, 128, c).astype(np.int8), np.ones(r, f32)
-        outs = np.zeros((threads, r), f32)  # an output per thread slot (serial: the first)
-        if split == "experts":
-            return lambda n: d["blocked_experts"](P, order, S, xq, outs, n)
-        return lambda n: d["blocked"](P, order, S, xq, outs[0], n, par)
-    if op.startswith("ternary"):
-        rb = (c + 3) // 4
-        P = buf.view(np.uint8, (n_mats, r, rb))
-        skip, stream = op == "ternary_skip", op == "ternary_stream"
-        if skip:  # (inputs r, outputs c): a quarter of the inputs nonzero, at random
-            xq = np.where(rng.random(r) < SKIP_DENSITY, rng.integers(1, 128, r), 0).astype(np.int8)
-            n_out = c
-        else:
-            xq = rng.integers(-127, 128, c).astype(np.int8)
-            n_out = r
-        S = np.ones(n_out, f32)
-        if split == "experts":
-            outs = np.zeros((threads, n_out), f32)
-            return lambda n: d["ternary_experts"](P, order, S, xq, outs, n, skip, stream, stream_prefetch)
-        out = np.zeros(n_out, f32)
-        return lambda n: d["ternary"](P, order, S, xq, out, n, par, skip, stream, stream_prefetch)
-    if op == "int8_matvec":
-        W = buf.view(np.int8, (n_mats, r, c))
-        S, x, out = np.ones(r, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["int8"](W, order, S, x, out, n, par)
-    if op == ROUTER_OP:
-        W = buf.view(np.int8, (n_mats, r, c))
-        S, x, out = np.full(r, 0.01, f32), rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["router"](W, order, S, x, out, n)
-    if op == "fp32_matvec":
-        W = buf.view(np.float32, (n_mats, r, c))
-        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["fp32"](W, order, x, out, n, par)
-    if op == "w16_matvec":  # the buffer's bytes 0x30-0x3F read as fp16 bits are normal numbers (0.13-1.9)
-        W = buf.view(np.uint16, (n_mats, r, c))
-        x, out = rng.standard_normal(c).astype(f32), np.zeros(r, f32)
-        return lambda n: d["w16"](W, order, x, out, n, par)
-    raise ValueError(f"no working-set curve for op {op!r}; ops: {sorted(CURVE_SHAPES)}")
+    return int(rows * cols * OP_WEIGHT_BYTES.get(op, 4.0))  # an unknown op: setup_cycle names the known ones
 
 
 # A point is implausibly slow (and timed again: tern.probe.timing.retime_slow) when its
@@ -295,45 +152,84 @@ def implausible_calls(cycles: Sequence[int], seconds_per_call: Sequence[float]) 
     return implausible_points(cycles, [s * n for s, n in zip(seconds_per_call, cycles, strict=True)])
 
 
+class CurveRuns:
+    """One curve's points set up and calibrated, ready to be sampled: each :meth:`sample` times
+    one run of every point (a warm-up cycle first, so a cache-resident point does not start
+    from what another curve left in the caches), and :meth:`curve` makes the OpCurve of the
+    samples so far. :func:`measure_curve` samples one curve back to back;
+    :func:`measure_op_curves` samples every curve of the probe in rounds."""
+
+    def __init__(self, op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
+                 timing: TimingConfig | None = None, seed: int = 0, shape: tuple[int, int] | None = None,
+                 stream_prefetch: bool = True):
+        self.timing = timing or CURVE_TIMING
+        self.op, self.split, self.threads = op, split, threads
+        self.shape = shape or (PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES)[op]
+        self.mat_bytes = _weight_bytes(op, *self.shape)
+        self.group = threads if split == "experts" else 1
+        self.numba_threads = threads if split != "serial" else 1
+        rng = np.random.default_rng(seed)
+        self.cycles: list[int] = []  # matrices per cycle of each point
+        for ws in working_sets:
+            n_mats = max(self.group, int(round(ws / self.mat_bytes)) // self.group * self.group)
+            if n_mats * self.mat_bytes > buf.data.size or (self.cycles and n_mats <= self.cycles[-1]):
+                continue  # too large for the buffer, or the same cycle as the last point
+            self.cycles.append(n_mats)
+        self.runs = [setup_cycle(op, split, threads, self.shape, n, buf, rng, stream_prefetch) for n in self.cycles]
+        with numba_threads(self.numba_threads):
+            self.calibrated = [self._calibrate(run) for run in self.runs]
+
+    def _calibrate(self, run: Callable[[int], None]) -> Calibrated:
+        run(1)  # compile / load from the cache, touch the pages
+        return calibrate(run, self.timing, fixed_cost_check=False)
+
+    def sample(self) -> None:
+        """One more timed run of every point, small to large."""
+        with numba_threads(self.numba_threads):
+            for c in self.calibrated:
+                c.run(1)
+                c.time_once()
+
+    def _point(self, i: int, t: Timing) -> tuple[float, float, float]:
+        """(median, fastest, slowest) seconds per call of point ``i`` (on one thread: with
+        experts, ``group`` calls at once)."""
+        calls = self.cycles[i] / self.group
+        per_call = summarize([s / (n * calls) for n, s in zip(t.counts, t.seconds, strict=True)])
+        return per_call["median"], per_call["min"], per_call["max"]
+
+    def _timed_alone(self, i: int) -> tuple[float, float, float]:
+        """Point ``i`` timed again back to back (:func:`tern.probe.timing.timed_runs`)."""
+        self.runs[i](1)
+        return self._point(i, timed_runs(self.runs[i], self.timing, fixed_cost_check=False))
+
+    def curve(self, retime: bool = True) -> OpCurve:
+        """The curve of the samples taken; implausibly slow points (:func:`implausible_calls`)
+        timed again back to back (``retime``; not for a curve of a cache-resident and a DRAM
+        point only, whose jump is the measurement)."""
+        points = [self._point(i, c.timing()) for i, c in enumerate(self.calibrated)]
+        if retime:
+            with numba_threads(self.numba_threads):
+                points = retime_slow(points, lambda pts: implausible_calls(self.cycles, [p[0] for p in pts]),
+                                     self._timed_alone, lambda p: p[0])
+        return OpCurve(op=self.op, split=self.split, threads=self.numba_threads, rows=self.shape[0],
+                       cols=self.shape[1], density=SKIP_DENSITY if self.op == "ternary_skip" else 1.0,
+                       working_set_bytes=tuple(n * self.mat_bytes for n in self.cycles),
+                       seconds=tuple(p[0] for p in points), seconds_min=tuple(p[1] for p in points),
+                       seconds_max=tuple(p[2] for p in points))
+
+
 def measure_curve(op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
                   timing: TimingConfig | None = None, seed: int = 0,
                   shape: tuple[int, int] | None = None, stream_prefetch: bool = True, retime: bool = True) -> OpCurve:
     """Seconds per matvec of ``op`` (run as ``split`` on ``threads`` threads) at each
     working set: a cycle of matrices of ``shape`` (default: the op's curve shape) adding up to
-    it. Implausibly slow points (:func:`implausible_points`) are timed again (``retime``; not
-    for a curve of a cache-resident and a DRAM point only, whose jump is the measurement).
-    ``stream_prefetch``: the streaming kernel's software prefetch (Engine.stream_prefetch)."""
-    timing = timing or TimingConfig(min_time_s=0.03, repeats=3, warmup_s=0.01)
-    if shape is None:
-        shape = (PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES)[op]
-    mat_bytes = _weight_bytes(op, *shape)
-    group = threads if split == "experts" else 1
-    rng = np.random.default_rng(seed)
-    cycles: list[int] = []  # matrices per cycle of each point
-    for ws in working_sets:
-        n_mats = max(group, int(round(ws / mat_bytes)) // group * group)
-        if n_mats * mat_bytes > buf.data.size or (cycles and n_mats <= cycles[-1]):
-            continue  # too large for the buffer, or the same cycle as the last point
-        cycles.append(n_mats)
-    runs = [_setup(op, split, threads, shape, n, buf, rng, stream_prefetch) for n in cycles]
-
-    def timed(i: int) -> tuple[float, float, float]:
-        runs[i](1)  # compile / load from the cache, touch the pages
-        t = timed_runs(runs[i], timing, fixed_cost_check=False)
-        calls = cycles[i] / group  # seconds per call on one thread: with experts, ``group`` at once
-        per_call = summarize([s / (c * calls) for c, s in zip(t.counts, t.seconds, strict=True)])
-        return per_call["median"], per_call["min"], per_call["max"]
-
-    with numba_threads(threads if split != "serial" else 1):
-        sizes = [n * mat_bytes for n in cycles]
-        points = [timed(i) for i in range(len(cycles))]
-        if retime:
-            points = retime_slow(points, lambda pts: implausible_calls(cycles, [p[0] for p in pts]), timed,
-                                 lambda p: p[0])
-    return OpCurve(op=op, split=split, threads=threads if split != "serial" else 1, rows=shape[0],
-                   cols=shape[1], density=SKIP_DENSITY if op == "ternary_skip" else 1.0,
-                   working_set_bytes=tuple(sizes), seconds=tuple(p[0] for p in points),
-                   seconds_min=tuple(p[1] for p in points), seconds_max=tuple(p[2] for p in points))
+    it, ``timing.repeats`` samples of every point in turn (:class:`CurveRuns`; ``retime``: see
+    :meth:`CurveRuns.curve`). ``stream_prefetch``: the streaming kernel's software prefetch
+    (Engine.stream_prefetch)."""
+    runs = CurveRuns(op, split, threads, working_sets, buf, timing, seed, shape, stream_prefetch)
+    for _ in range(runs.timing.repeats):
+        runs.sample()
+    return runs.curve(retime)
 
 
 KERNEL_REFERENCE_WS = 1 * MIB  # in L2 or L3 on every host seen: what it times is the core's speed
@@ -392,7 +288,11 @@ def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, prog
                       stream_prefetch: bool | dict[str, bool] = True) -> list[OpCurve]:
     """Every curve of :func:`curve_plan` over the probe's working sets (``stream_prefetch``:
     the streaming kernel's software prefetch, the engine's on this host, per thread count:
-    tern.core.engine_tuning.for_threads)."""
+    tern.core.engine_tuning.for_threads). Every point of every curve is set up and
+    calibrated first; then ``timing.repeats`` rounds, each timing one run of every point of
+    every curve (:class:`CurveRuns`), so each point's median spans the whole stage and a slow
+    minute of a shared host widens every point's spread instead of setting one curve apart
+    from the curves the predictor combines with it (the two or three shapes of one op)."""
     from tqdm import tqdm
 
     sets = QUICK_WORKING_SETS if quick else WORKING_SETS
@@ -400,12 +300,19 @@ def measure_op_curves(threads: tuple[int, ...] = (1,), quick: bool = False, prog
         sets = tuple(w for w in sets if w <= max_bytes) or sets[:1]
     buf = CurveBuffer(max(sets))
     plan = curve_plan(threads, quick)
-    out = []
-    for op, split, t, shape in tqdm(plan, desc="kernel curves", unit="curve", disable=not progress, leave=False,
-                                    file=sys.stderr, mininterval=0.5):
-        out.append(measure_curve(op, split, t, sets, buf, timing, shape=shape,
-                                 stream_prefetch=for_threads(stream_prefetch, t)))
-    return out
+    timing = timing or CURVE_TIMING
+    with tqdm(total=len(plan) * (1 + timing.repeats), desc="kernel curves", unit="curve", disable=not progress,
+              leave=False, file=sys.stderr, mininterval=0.5) as bar:
+        runs = []
+        for op, split, t, shape in plan:
+            runs.append(CurveRuns(op, split, t, sets, buf, timing, shape=shape,
+                                  stream_prefetch=for_threads(stream_prefetch, t)))
+            bar.update()
+        for _ in range(timing.repeats):
+            for r in runs:
+                r.sample()
+                bar.update()
+        return [r.curve() for r in runs]
 
 
 def render_curves(curves: list[OpCurve]) -> str:

@@ -61,45 +61,74 @@ def test_implausible_calls_take_a_curves_per_call_seconds():
         implausible_calls([0, 4], [1.0, 1.0])
 
 
-def test_a_plausible_curve_is_timed_once_per_point(monkeypatch):
-    """Each point is timed once when no point is slower than a larger working set allows (the
-    session-31 bug named every point but the last and timed each twice more)."""
-    calls = []
+class _FakeCalibrated:
+    """A calibrated point of a fake cycle: every sample takes 1 ms a matrix (flat per call and
+    per byte) unless ``slow`` says otherwise; ``log`` records (run, sample) in order taken."""
 
+    def __init__(self, run, log, slow=lambda run, k: 1.0):
+        self.run, self.log, self.slow, self.seconds = run, log, slow, []
+
+    def time_once(self):
+        self.seconds.append(1e-3 * self.run.n_mats * self.slow(self.run, len(self.seconds)))
+        self.log.append((self.run, len(self.seconds)))
+        return self.seconds[-1]
+
+    def timing(self):
+        n = len(self.seconds)
+        return Timing(counts=(1,) * n, seconds=tuple(self.seconds), starts_s=(0.0,) * n)
+
+
+def _fake_cycles(monkeypatch, log, slow=lambda run, k: 1.0):
     def fake_setup(op, split, threads, shape, n_mats, buf, rng, stream_prefetch=True):
         def run(n):
             return None
-        run.n_mats = n_mats
+        run.n_mats, run.curve = n_mats, (op, split, threads, shape)
         return run
 
-    def fake_timed_runs(run, cfg, **kw):  # 1 ms per matrix: flat per call and per byte
-        calls.append(run.n_mats)
-        return Timing(counts=(1,), seconds=(1e-3 * run.n_mats,), starts_s=(0.0,))
+    monkeypatch.setattr(curves, "setup_cycle", fake_setup)
+    monkeypatch.setattr(curves, "calibrate", lambda run, cfg, **kw: _FakeCalibrated(run, log, slow))
 
-    monkeypatch.setattr(curves, "_setup", fake_setup)
-    monkeypatch.setattr(curves, "timed_runs", fake_timed_runs)
+
+def test_a_plausible_curve_is_timed_once_per_point_and_round(monkeypatch):
+    """Each point is sampled once a round and not again when no point is slower than a larger
+    working set allows (the session-31 bug named every point but the last and timed each twice more)."""
+    log, alone = [], []
+    _fake_cycles(monkeypatch, log)
+    monkeypatch.setattr(curves, "timed_runs", lambda run, cfg, **kw: alone.append(run))
     c = measure_curve("ternary_matvec", "serial", 1, (256 << 10, 1 << 20, 4 << 20), CurveBuffer(4 << 20), FAST)
-    assert calls == [1, 4, 16] and c.seconds == pytest.approx((1e-3, 1e-3, 1e-3))
+    assert [run.n_mats for run, _ in log] == [1, 4, 16] * FAST.repeats and alone == []
+    assert c.seconds == pytest.approx((1e-3, 1e-3, 1e-3))
 
 
 def test_an_implausible_point_is_timed_again_and_keeps_its_fastest_median(monkeypatch):
     """A pause during one point (a neighbour taking the core) is re-measured, not smoothed: the
-    point keeps the faster of its timings, the others are timed once."""
-    real, calls = curves.timed_runs, []
+    point keeps the faster of its timings, the others are timed once a round."""
+    log, alone = [], []
+    _fake_cycles(monkeypatch, log, slow=lambda run, k: 20.0 if run.n_mats == 4 else 1.0)  # point 2 paused
 
-    def paused_once(run, cfg, **kw):
-        t = real(run, cfg, **kw)
-        calls.append(run)
-        if len(calls) == 2:  # the second working set's first timing: 20x slower
-            return dataclasses.replace(t, seconds=tuple(20 * s for s in t.seconds))
-        return t
+    def timed_alone(run, cfg, **kw):
+        alone.append(run.n_mats)
+        return Timing(counts=(1,), seconds=(1e-3 * run.n_mats,), starts_s=(0.0,))
 
-    monkeypatch.setattr(curves, "timed_runs", paused_once)
-    buf = CurveBuffer(4 << 20)
-    c = measure_curve("ternary_matvec", "serial", 1, (256 << 10, 1 << 20, 4 << 20), buf, FAST)
-    assert len(calls) >= 4 and any(r is calls[1] for r in calls[3:])  # three points, then the second again
-    per_byte = [t / w for t, w in zip(c.seconds, c.working_set_bytes, strict=True)]
-    assert per_byte[1] < 5 * min(per_byte[0], per_byte[2])  # the re-timed, unpaused figure
+    monkeypatch.setattr(curves, "timed_runs", timed_alone)
+    c = measure_curve("ternary_matvec", "serial", 1, (256 << 10, 1 << 20, 4 << 20), CurveBuffer(4 << 20), FAST)
+    assert alone == [4]  # only the paused point, once: its re-timing is plausible
+    assert c.seconds == pytest.approx((1e-3, 1e-3, 1e-3))
+
+
+def test_the_probe_samples_every_curve_in_rounds(monkeypatch):
+    """measure_op_curves calibrates every point of every curve, then takes one sample of each
+    per round: round 2 starts only when every point of every curve has its first sample (so a
+    slow minute of a shared host lands on all curves alike, not on one of an op's shapes)."""
+    log = []
+    _fake_cycles(monkeypatch, log)
+    out = curves.measure_op_curves((1,), quick=True, progress=False, timing=FAST, max_bytes=4 << 20)
+    plan = curve_plan((1,), quick=True)
+    assert [(c.op, c.rows, c.cols) for c in out] == [(op, *shape) for op, _, _, shape in plan]
+    points = sum(len(c.seconds) for c in out)
+    assert len(log) == FAST.repeats * points
+    assert [k for _, k in log] == [1] * points + [2] * points  # one sample of every point, then round 2
+    assert len({run.curve for run, _ in log[:points]}) == len(plan)
 
 
 def test_curve_validation_and_lookup():
