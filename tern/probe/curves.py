@@ -156,15 +156,18 @@ class CurveRuns:
     """One curve's points set up and calibrated, ready to be sampled: each :meth:`sample` times
     one run of every point (a warm-up cycle first, so a cache-resident point does not start
     from what another curve left in the caches), and :meth:`curve` makes the OpCurve of the
-    samples so far. :func:`measure_curve` samples one curve back to back;
-    :func:`measure_op_curves` samples every curve of the probe in rounds."""
+    samples so far. :func:`measure_curve` samples one curve alone (its points in turn, round
+    after round); :func:`measure_op_curves` samples every curve of the probe in rounds."""
 
     def __init__(self, op: str, split: str, threads: int, working_sets: tuple[int, ...], buf: CurveBuffer,
                  timing: TimingConfig | None = None, seed: int = 0, shape: tuple[int, int] | None = None,
                  stream_prefetch: bool = True):
         self.timing = timing or CURVE_TIMING
         self.op, self.split, self.threads = op, split, threads
-        self.shape = shape or (PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES)[op]
+        shapes = PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES
+        if shape is None and op not in shapes:
+            raise ValueError(f"no {split} working-set curve for op {op!r}; ops: {sorted(shapes)}")
+        self.shape = shape or shapes[op]
         self.mat_bytes = _weight_bytes(op, *self.shape)
         self.group = threads if split == "experts" else 1
         self.numba_threads = threads if split != "serial" else 1

@@ -131,6 +131,16 @@ def test_the_probe_samples_every_curve_in_rounds(monkeypatch):
     assert len({run.curve for run, _ in log[:points]}) == len(plan)
 
 
+def test_an_unknown_op_is_a_clear_error():
+    buf = CurveBuffer(1 << 20)
+    with pytest.raises(ValueError, match="no serial working-set curve for op 'ternary_nope'"):
+        measure_curve("ternary_nope", "serial", 1, (256 << 10,), buf, FAST)
+    with pytest.raises(ValueError, match="no rows working-set curve for op 'router_int8'"):
+        measure_curve("router_int8", "rows", 2, (256 << 10,), buf, FAST)  # the router runs on one thread only
+    with pytest.raises(ValueError, match="no working-set curve for op 'ternary_nope'"):
+        measure_curve("ternary_nope", "serial", 1, (256 << 10,), buf, FAST, shape=(256, 1024))
+
+
 def test_curve_validation_and_lookup():
     c = OpCurve("ternary_matvec", "serial", 1, 1024, 1024, 1.0, (1 << 18, 1 << 20), (1e-5, 2e-5))
     assert c.seconds_at(1 << 19) == pytest.approx(1.5e-5)  # half-way in log2(bytes)
