@@ -44,10 +44,25 @@ def label(commit: str) -> str:
     return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
 
 
+def checkout_env(root: Path) -> dict[str, str]:
+    """This process's environment with ``tern`` imported from the checkout ``root`` and numba
+    caching into its own folder (``<root>/.numba-ab-cache``: no checkout loads another's code)."""
+    return {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
+
+
+def checkout_roots(parser: argparse.ArgumentParser, roots: list[Path]) -> list[Path]:
+    """``roots`` resolved; any that is not a tern checkout is an argparse error."""
+    out = [r.resolve() for r in roots]
+    for r in out:
+        if not (r / "tern" / "__init__.py").is_file():
+            parser.error(f"{r} is not a tern checkout (no tern/__init__.py)")
+    return out
+
+
 def worker(root: Path, model: Path, point: SweepPoint) -> dict:
     """The sweep worker's JSON for ``model`` at ``point``, with ``tern`` (and its own numba cache)
     from the checkout ``root``."""
-    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
+    env = checkout_env(root)
     try:
         return measure_in_subprocess(model, point, timeout_s=3600, cwd=root, env=env)
     except (RuntimeError, subprocess.TimeoutExpired) as e:  # as tern.measure.peers treats its worker
@@ -68,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-warm-round", action="store_true", help="skip the untimed compiling round")
     p.add_argument("--out", type=Path, required=True, help="JSONL rows are appended here")
     a = p.parse_args(argv)
-    roots = [r.resolve() for r in a.code_root]
-    for r in roots:
-        if not (r / "tern" / "__init__.py").is_file():
-            p.error(f"{r} is not a tern checkout (no tern/__init__.py)")
+    roots = checkout_roots(p, a.code_root)
     if a.rounds < 1:
         p.error("--rounds must be >= 1")
     try:

@@ -28,14 +28,13 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from code_ab import label, round_order
+from code_ab import checkout_env, checkout_roots, label, round_order
 
 from tern.core.host_profile import OpCurve
 from tern.core.records import append_jsonl, checkout_commit, run_metadata
@@ -53,11 +52,10 @@ json.dump({"wall_s": time.perf_counter() - t0, "curves": [dataclasses.asdict(c) 
 
 def run_stage(root: Path, threads: list[int], quick: bool, max_bytes: int) -> dict:
     """{wall_s, curves (as dicts)} of one curve stage in a fresh process importing ``root``'s tern."""
-    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / ".numba-ab-cache")}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "curves.json"
         p = subprocess.run([sys.executable, "-c", CHILD, str(out), ",".join(map(str, threads)), "1" if quick else "0",
-                            str(max_bytes)], cwd=root, env=env, capture_output=True, text=True, timeout=3600)
+                            str(max_bytes)], cwd=root, env=checkout_env(root), capture_output=True, text=True, timeout=3600)
         if p.returncode != 0:
             raise SystemExit(f"curve_repeatability: the curve stage of {root} failed:\n{p.stderr[-3000:]}")
         return json.loads(out.read_text())
@@ -101,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-warm-round", action="store_true", help="skip the untimed compiling round")
     p.add_argument("--out", type=Path, default=Path("results/bench/curve_repeatability.jsonl"))
     a = p.parse_args(argv)
-    roots = [r.resolve() for r in a.code_root]
-    for r in roots:
-        if not (r / "tern" / "__init__.py").is_file():
-            p.error(f"{r} is not a tern checkout (no tern/__init__.py)")
+    roots = checkout_roots(p, a.code_root)
     if a.runs < 2:
         p.error("--runs must be >= 2 (a spread needs two runs)")
     hosts = load_hosts()

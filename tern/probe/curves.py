@@ -163,7 +163,7 @@ class CurveRuns:
                  timing: TimingConfig | None = None, seed: int = 0, shape: tuple[int, int] | None = None,
                  stream_prefetch: bool = True):
         self.timing = timing or CURVE_TIMING
-        self.op, self.split, self.threads = op, split, threads
+        self.op, self.split = op, split
         shapes = PAR_CURVE_SHAPES if split == "rows" else CURVE_SHAPES
         if shape is None and op not in shapes:
             raise ValueError(f"no {split} working-set curve for op {op!r}; ops: {sorted(shapes)}")
